@@ -1,0 +1,37 @@
+# Two set-up commands work on a fresh machine: `make demo` and `make test`.
+# Both create .venv if it is missing and install the package with pinned dependencies.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: test demo bench fuzz check-java venv clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dask]'
+	@touch $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "error: Java 17+ is required by PySpark 4 (install openjdk-17-jre-headless and put java on PATH)" >&2; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required by PySpark 4, found '$$v' (java -version)" >&2; exit 1; fi
+
+test: check-java $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: check-java $(STAMP)
+	$(PY) jobs/demo.py
+
+bench: check-java $(STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out

@@ -1,0 +1,232 @@
+"""``dumps`` / ``loads`` / ``save`` / ``load``: a Keras model as a compact, safe payload.
+
+A payload is a model's serialized config plus its raw state (see ``format.py`` and
+docs/format.md). No pickle and no marshal anywhere inside: loading runs Keras's own
+deserializer with ``safe_mode`` on unless the caller turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import __version__, flavour
+from ..errors import PayloadError
+from . import format as fmt
+
+logger = logging.getLogger("spark_keras")
+
+PathLike = str | os.PathLike
+
+
+def _state_module():
+    if flavour.current().name == flavour.TF_KERAS:
+        from . import tf_keras_state as state
+    else:
+        from . import keras3_state as state
+    return state
+
+
+def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
+          include_optimizer: bool = False) -> bytes:
+    """Serialize ``model`` to payload bytes.
+
+    Args:
+        model: a built Keras model (Sequential, Functional or subclassed).
+        custom_objects: custom classes/functions the model uses; only used to check
+            that the payload loads back correctly when the model relies on auto-config.
+        include_optimizer: also store the compile config and the optimizer's state,
+            so the loaded model is compiled and can resume training.
+
+    Raises:
+        PayloadError: the model cannot be represented faithfully (for example a
+            subclassed model without ``get_config`` whose auto-config loses arguments).
+    """
+    fl = flavour.current()
+    state = _state_module()
+    state.check_model_type(model)
+    config = state.serialize_config(model)
+    compile_config = config.pop("compile_config", None) if isinstance(config, dict) else None
+    entries, assets = state.capture_state(model, include_optimizer=include_optimizer)
+
+    pieces: list[tuple[fmt.Section, Any]] = [
+        (fmt.Section("config", "config", 0, 0), _json_bytes(config, "model config")),
+    ]
+    if include_optimizer and compile_config:
+        pieces.append((fmt.Section("compile_config", "compile_config", 0, 0),
+                       _json_bytes(compile_config, "compile config")))
+    for path, group in entries.items():
+        for key, array in group.items():
+            section = fmt.Section("tensor", f"{path}/{key}", 0, 0,
+                                  dtype=fmt.dtype_name(array.dtype), shape=tuple(array.shape))
+            pieces.append((section, array if array.size else b""))
+    for rel, data in assets.items():
+        pieces.append((fmt.Section("asset", rel, 0, 0), data))
+
+    meta = {
+        "producer": f"spark_keras {__version__}",
+        "keras": {"flavour": fl.name, "version": fl.version, "backend": fl.backend},
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "include_optimizer": bool(include_optimizer and compile_config),
+    }
+    data = fmt.pack(meta, pieces)
+    if state.relies_on_auto_config(model):
+        _verify_round_trip(model, data, custom_objects)
+    return data
+
+
+def _json_bytes(obj: Any, what: str) -> bytes:
+    try:
+        return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"the {what} is not JSON-serializable: {exc}") from exc
+
+
+def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
+          safe_mode: bool = True) -> Any:
+    """Rebuild a Keras model from payload bytes (bytes, bytearray or memoryview).
+
+    Weights are read in place (zero-copy views) and copied once, into the variables.
+    ``safe_mode=True`` (the default) refuses Lambda layers and other objects that
+    would run arbitrary code; pass ``safe_mode=False`` only for payloads you trust.
+
+    Raises:
+        PayloadError: corrupted, truncated, newer-format or other-flavour payloads.
+    """
+    started = time.perf_counter()
+    unpacked = fmt.unpack(data)
+    header = unpacked.header
+    check_compatible(header)
+    config: Any = None
+    compile_config: Any = None
+    entries: dict[str, dict[str, np.ndarray]] = {}
+    assets: dict[str, bytes] = {}
+    for section in unpacked.sections:
+        if section.kind == "config":
+            config = _json_section(unpacked, section)
+        elif section.kind == "compile_config":
+            compile_config = _json_section(unpacked, section)
+        elif section.kind == "tensor":
+            path, _, key = section.name.rpartition("/")
+            entries.setdefault(path, {})[key] = unpacked.array(section)
+        else:
+            assets[section.name] = bytes(unpacked.section_bytes(section))
+    if not isinstance(config, dict):
+        raise PayloadError("payload corrupted: it has no model config")
+    config["compile_config"] = compile_config
+    try:
+        model = _state_module().rebuild(config, entries, assets,
+                                        custom_objects=dict(custom_objects or {}),
+                                        safe_mode=safe_mode)
+    except PayloadError:
+        raise
+    except Exception as exc:
+        raise _explain_rebuild_failure(exc, header, safe_mode) from exc
+    logger.debug("rebuilt %s in %.3fs", header.get("model_class"), time.perf_counter() - started)
+    return model
+
+
+def check_compatible(header: Mapping[str, Any]) -> None:
+    """Refuse a payload written by another Keras flavour (or a newer Keras major)."""
+    info = header.get("keras")
+    if not isinstance(info, dict):
+        raise PayloadError("payload corrupted: header has no Keras version")
+    here = flavour.current()
+    theirs = info.get("flavour")
+    if theirs != here.name:
+        raise PayloadError(
+            f"payload was written by Keras flavour {theirs!r} {info.get('version')} but this "
+            f"process runs {here.name!r} {here.version}: {flavour.how_to_match(str(theirs))}"
+        )
+    their_major = str(info.get("version", "")).split(".")[0]
+    if their_major != here.version.split(".")[0]:
+        raise PayloadError(
+            f"payload was written by Keras {info.get('version')}, this process runs Keras "
+            f"{here.version}: install the same major version on the driver and executors"
+        )
+
+
+def _json_section(unpacked: fmt.Unpacked, section: fmt.Section) -> Any:
+    try:
+        return json.loads(bytes(unpacked.section_bytes(section)))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise PayloadError(f"payload corrupted: section {section.name!r} is not JSON") from exc
+
+
+def _explain_rebuild_failure(exc: Exception, header: Mapping[str, Any],
+                             safe_mode: bool) -> PayloadError:
+    text = str(exc)
+    cls = header.get("model_class")
+    if "safe_mode" in text or "unsafe" in text.lower():
+        return PayloadError(
+            f"refusing to load {cls}: it contains an object that would run arbitrary code "
+            f"(for example a Lambda layer) and safe_mode=True. If you trust this payload, "
+            f"load it with safe_mode=False. Keras said: {text}")
+    if "Could not locate" in text or "Unknown" in text or "not found" in text.lower():
+        return PayloadError(
+            f"cannot rebuild {cls}: a custom class is unknown here. Pass it in "
+            f"custom_objects, register it with @keras.saving.register_keras_serializable, "
+            f"or ship it with make_picklable/BroadcastModel. Keras said: {text}")
+    return PayloadError(f"cannot rebuild {cls} from its payload: {type(exc).__name__}: {text}")
+
+
+def _verify_round_trip(model: Any, data: bytes, custom_objects: Mapping[str, Any] | None) -> None:
+    """Catch subclassed models whose auto-config would bring back the wrong model."""
+    state = _state_module()
+    advice = (f"{type(model).__qualname__} has no get_config(), and Keras's automatic "
+              f"config records its constructor's default arguments, not the ones you "
+              f"passed. Implement get_config() (and from_config() if needed) returning "
+              f"every constructor argument")
+    objects = dict(custom_objects or {})
+    objects.setdefault(type(model).__name__, type(model))
+    try:
+        twin = loads(data, custom_objects=objects, safe_mode=False)
+        sample = state.sample_inputs(model)
+        same = state.same_outputs(model, twin, sample)
+    except Exception as exc:  # the twin could not even be built or called
+        raise PayloadError(f"{advice}. (Rebuilding it from its config failed: {exc})") from exc
+    if not same:
+        raise PayloadError(f"{advice}. Rebuilt from its config, it predicts differently.")
+
+
+def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
+         include_optimizer: bool = False) -> None:
+    """Write ``dumps(model)`` to ``path`` (atomically: a temp file, then a rename)."""
+    data = dumps(model, custom_objects=custom_objects, include_optimizer=include_optimizer)
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def load(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
+         safe_mode: bool = True) -> Any:
+    """Load a payload file, memory-mapped (weights are not read into a second buffer)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise PayloadError(f"payload file {os.fspath(path)!r} is empty")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise PayloadError(f"cannot read payload file {os.fspath(path)!r}: {exc}") from exc
+    try:
+        return loads(memoryview(mapped), custom_objects=custom_objects, safe_mode=safe_mode)
+    except PayloadError as exc:
+        raise PayloadError(f"{os.fspath(path)}: {exc}") from exc
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # a view is still referenced somewhere; GC closes it
+            pass
+
+
+def is_payload(data: Any) -> bool:
+    """True if ``data`` (bytes-like) starts with the payload magic bytes."""
+    return bytes(memoryview(data)[: len(fmt.MAGIC)]) == fmt.MAGIC
