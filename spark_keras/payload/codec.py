@@ -100,9 +100,26 @@ def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
         PayloadError: corrupted, truncated, newer-format or other-flavour payloads.
     """
     started = time.perf_counter()
-    unpacked = fmt.unpack(data)
+    unpacked = fmt.unpack(data, verify=False)
     header = unpacked.header
     check_compatible(header)
+    body_check = fmt.BodyCheck(unpacked)  # runs while Keras rebuilds the model
+    try:
+        config, entries, assets = _read_sections(unpacked)
+        model = _state_module().rebuild(config, entries, assets,
+                                        custom_objects=dict(custom_objects or {}),
+                                        safe_mode=safe_mode, before_state=body_check.wait)
+    except Exception as exc:
+        body_check.wait()  # a corrupted body explains any failure best
+        if isinstance(exc, PayloadError):
+            raise
+        raise _explain_rebuild_failure(exc, header, safe_mode) from exc
+    logger.debug("rebuilt %s in %.3fs", header.get("model_class"), time.perf_counter() - started)
+    return model
+
+
+def _read_sections(unpacked: fmt.Unpacked) -> tuple[dict, dict, dict]:
+    """The model config (compile config folded back in), tensors by path, and assets."""
     config: Any = None
     compile_config: Any = None
     entries: dict[str, dict[str, np.ndarray]] = {}
@@ -120,16 +137,7 @@ def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
     if not isinstance(config, dict):
         raise PayloadError("payload corrupted: it has no model config")
     config["compile_config"] = compile_config
-    try:
-        model = _state_module().rebuild(config, entries, assets,
-                                        custom_objects=dict(custom_objects or {}),
-                                        safe_mode=safe_mode)
-    except PayloadError:
-        raise
-    except Exception as exc:
-        raise _explain_rebuild_failure(exc, header, safe_mode) from exc
-    logger.debug("rebuilt %s in %.3fs", header.get("model_class"), time.perf_counter() - started)
-    return model
+    return config, entries, assets
 
 
 def check_compatible(header: Mapping[str, Any]) -> None:

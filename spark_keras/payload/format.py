@@ -20,6 +20,7 @@ import json
 import re
 import struct
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -207,12 +208,43 @@ def unpack(data: Any, *, verify: bool = True) -> Unpacked:
     if available > body_nbytes:
         raise PayloadError(f"payload corrupted: {available - body_nbytes} unexpected trailing bytes")
     body = view[body_start:]
+    unpacked = Unpacked(header=header, body=body)
     if verify:
-        expected = header.get("body_sha256")
-        if not isinstance(expected, str) or hashlib.sha256(body).hexdigest() != expected:
+        BodyCheck(unpacked).wait()
+    unpacked.sections = list(_parse_sections(header.get("sections"), body_nbytes))
+    return unpacked
+
+
+class BodyCheck:
+    """Verifies the body digest, in a background thread for large bodies.
+
+    hashlib releases the GIL, so on a multi-core machine the digest of a large body is
+    computed while Keras (GIL-bound Python) rebuilds the model. Call :meth:`wait`
+    before trusting the weights.
+    """
+
+    THREAD_THRESHOLD = 4 * 1024 * 1024
+
+    def __init__(self, unpacked: Unpacked) -> None:
+        self._expected = unpacked.header.get("body_sha256")
+        self._body = unpacked.body
+        self._actual: str | None = None
+        self._thread = None
+        if unpacked.body.nbytes >= self.THREAD_THRESHOLD:
+            self._thread = threading.Thread(target=self._run, name="spark_keras-digest", daemon=True)
+            self._thread.start()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        self._actual = hashlib.sha256(self._body).hexdigest()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if not isinstance(self._expected, str) or self._actual != self._expected:
             raise PayloadError("payload corrupted: body checksum mismatch (a byte was changed)")
-    sections = list(_parse_sections(header.get("sections"), body_nbytes))
-    return Unpacked(header=header, body=body, sections=sections)
 
 
 def _int_field(obj: dict[str, Any], key: str, where: str = "header") -> int:

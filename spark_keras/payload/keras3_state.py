@@ -6,9 +6,10 @@ vocabularies, ...) is covered, and ``finalize_state`` runs where Keras runs it. 
 stores differ: an in-memory store of numpy arrays instead of an HDF5 file.
 
 Rebuilding skips the work Keras's pickle path wastes: variables created while a model is
-rebuilt are filled with zeros instead of running their (random) initializers, because
-the payload overwrites them. Any variable the payload does not overwrite gets its real
-initializer afterwards, so the result matches ``keras.saving.load_model``.
+rebuilt do not run their (random) initializers and are not even allocated until the
+payload assigns them, because the payload overwrites them anyway. Any variable the
+payload does not cover gets its real initializer afterwards, so the result matches
+``keras.saving.load_model``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from typing import Any, Iterator
 import numpy as np
 from keras.src import backend, initializers
 from keras.src.saving import saving_lib
+from keras.src.saving.object_registration import CustomObjectScope
 from keras.src.saving.serialization_lib import (
     ObjectSharingScope,
+    SafeModeScope,
     deserialize_keras_object,
     serialize_keras_object,
 )
@@ -93,9 +96,10 @@ def capture_state(model: Any, *, include_optimizer: bool) -> tuple[Entries, Asse
     """All of ``model``'s saved state: variables by path, and asset files."""
     visited: set[int] = set()
     optimizer = getattr(model, "optimizer", None)
-    if not include_optimizer and optimizer is not None:
-        visited.add(id(optimizer))
+    if optimizer is not None and not (include_optimizer and optimizer.built):
+        visited.add(id(optimizer))  # an unbuilt optimizer has no state worth carrying
     store = MemoryStore("w")
+    _cache_attr_skipsets()
     with tempfile.TemporaryDirectory(prefix="spark_keras_assets_") as tmp:
         assets_store = saving_lib.DiskIOStore(tmp, mode="r")  # "r": use tmp as-is
         assets_store.mode = "w"
@@ -123,7 +127,12 @@ _patched = False
 
 
 def _install_initializer_patch() -> None:
-    """Make variable creation consult a thread-local 'skip initializers' switch."""
+    """Make variable creation consult a thread-local 'skip initializers' switch.
+
+    While a model is rebuilt, a new variable is left unmaterialized, like Keras's own
+    deferred variables: reading it yields zeros (computed on the fly), and its first
+    ``assign`` (the payload's value) materializes it, so each weight is allocated once.
+    """
     global _patched
     with _patch_lock:
         if _patched:
@@ -138,17 +147,39 @@ def _install_initializer_patch() -> None:
             if pending is None:
                 return original_init(self, initializer)
             pending[id(self)] = (self, initializer)
-            return original_init(self, zeros)
+            self._value = None
+            self._initializer = zeros  # what `.value` returns until assigned
 
         def assign(self, value):
             pending = getattr(_local, "pending", None)
-            if pending:
-                pending.pop(id(self), None)
+            if pending and pending.pop(id(self), None) is not None and self._value is None:
+                tensor = self._convert_to_tensor(value, dtype=self._dtype)
+                if tuple(tensor.shape) != tuple(self._shape):
+                    raise ValueError(
+                        f"payload value for {self.path} has shape {tuple(tensor.shape)}, "
+                        f"the variable has shape {tuple(self._shape)}")
+                self._initialize(tensor)
+                self._initializer = None
+                return tensor
             return original_assign(self, value)
 
         variable_cls._initialize_with_initializer = _initialize_with_initializer
         variable_cls.assign = assign
         _patched = True
+
+
+_SAVEABLE_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
+
+
+def _cache_attr_skipsets() -> None:
+    """Keras 3 computes a skip set per visited object (instantiating a Layer each time)
+    because it caches under one key and reads another; cache under the key it reads."""
+    from keras.src.backend.common import global_state
+
+    for obj_type in _SAVEABLE_TYPES:
+        key = f"saving_attr_skiplist_{obj_type}"
+        if global_state.get_global_attribute(key, None) is None:
+            global_state.set_global_attribute(key, saving_lib.get_attr_skipset(obj_type))
 
 
 @contextlib.contextmanager
@@ -164,25 +195,47 @@ def _skipping_initializers() -> Iterator[dict[int, tuple[Any, Any]]]:
 
 
 def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
-            custom_objects: dict[str, Any] | None, safe_mode: bool) -> Any:
-    """A model from its serialized config and captured state. ``config`` is consumed."""
-    with _skipping_initializers() as pending:
-        with ObjectSharingScope():
-            model = deserialize_keras_object(config, custom_objects=custom_objects,
-                                             safe_mode=safe_mode)
+            custom_objects: dict[str, Any] | None, safe_mode: bool,
+            before_state: Any = None) -> Any:
+    """A model from its serialized config and captured state. ``config`` is consumed.
+
+    ``before_state`` (if given) is called once the model is built, before any state is
+    loaded into it (the payload checksum is verified there).
+    """
+    _cache_attr_skipsets()
+    compile_config = config.pop("compile_config", None)
+    visited: set[int] = set()
+    with contextlib.ExitStack() as stack:
+        assets_store = None
+        if assets:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_assets_"))
+            _write_tree(tmp, assets)
+            assets_store = saving_lib.DiskIOStore(tmp, mode="r")
         store = MemoryStore("r", entries)
-        with contextlib.ExitStack() as stack:
-            assets_store = None
-            if assets:
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_assets_"))
-                _write_tree(tmp, assets)
-                assets_store = saving_lib.DiskIOStore(tmp, mode="r")
+        with _skipping_initializers() as pending:
+            with ObjectSharingScope():
+                model = deserialize_keras_object(config, custom_objects=custom_objects,
+                                                 safe_mode=safe_mode)
+            if before_state is not None:
+                before_state()
             saving_lib._load_state(model, weights_store=store, assets_store=assets_store,
-                                   inner_path="", visited_saveables=set())
-        leftovers = list(pending.values())
-    # Variables the payload did not cover get what Keras would have given them.
-    for variable, initializer in leftovers:
-        variable.assign(initializer(variable.shape, dtype=variable.dtype))
+                                   inner_path="", visited_saveables=visited)
+            leftovers = list(pending.values())
+        # Variables the payload did not cover get what Keras would have given them.
+        for variable, initializer in leftovers:
+            variable._initializer = None
+            variable._initialize_with_initializer(initializer)
+        if compile_config:
+            # Compile (which builds the optimizer) once the variables are real, then
+            # load what only exists in a compiled model: optimizer slots, metrics.
+            with CustomObjectScope(custom_objects or {}), SafeModeScope(safe_mode):
+                model.compile_from_config(compile_config)
+            model.compiled = True
+            visited.discard(id(model))
+            if not store.has_path("optimizer"):  # it was saved unbuilt: nothing to load
+                visited.add(id(model.optimizer))
+            saving_lib._load_state(model, weights_store=store, assets_store=assets_store,
+                                   inner_path="", visited_saveables=visited)
     return model
 
 
