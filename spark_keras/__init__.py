@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .cache import cache_info, configure_cache  # noqa: E402
 from .errors import ModelInputError, PayloadError, SparkKerasError  # noqa: E402
 from .payload import dumps, is_payload, load, loads, make_picklable, save  # noqa: E402
 
@@ -18,7 +19,19 @@ __all__ = [
     "load",
     "is_payload",
     "make_picklable",
+    "BroadcastModel",
+    "cache_info",
+    "configure_cache",
     "SparkKerasError",
     "PayloadError",
     "ModelInputError",
 ]
+
+
+def __getattr__(name: str):
+    # BroadcastModel needs PySpark; import it only when asked for.
+    if name == "BroadcastModel":
+        from .spark.broadcast import BroadcastModel
+
+        return BroadcastModel
+    raise AttributeError(f"module 'spark_keras' has no attribute {name!r}")

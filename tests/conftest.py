@@ -17,3 +17,45 @@ import pytest  # noqa: E402
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_spark(master: str, build_log: str, **conf: str):
+    """A real SparkSession whose Python workers run this interpreter and log builds."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).appName("spark-keras-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.executorEnv.PYTHONPATH", REPO_ROOT)
+               .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+               .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+@pytest.fixture(scope="module")
+def build_log(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("build-log"))
+
+
+@pytest.fixture(scope="module")
+def spark(build_log):
+    session = make_spark("local[2]", build_log)
+    yield session
+    session.stop()
+
+
+def builds_by_worker(build_log: str, key: str) -> dict[tuple[str, int], int]:
+    """How many times each Python worker process built the model ``key``."""
+    from collections import Counter
+
+    from spark_keras.cache import read_build_log
+
+    return dict(Counter((r["host"], r["pid"]) for r in read_build_log(build_log) if r["key"] == key))

@@ -1,0 +1,185 @@
+"""A per-process LRU cache of rebuilt models.
+
+Every Python worker process (Spark, Dask, a multiprocessing pool) keeps one module-level
+:class:`ModelCache`, so a model is rebuilt once per process, not once per task. Entries
+are keyed by a string the caller chooses (a BroadcastModel's id), bounded by a number of
+entries and by the payload bytes they represent, and evicted least recently used.
+
+Limits come from ``SPARK_KERAS_CACHE_MAX_ENTRIES`` / ``SPARK_KERAS_CACHE_MAX_BYTES``
+(set them on executors with ``spark.executorEnv.*``) or :func:`configure_cache`.
+
+With ``SPARK_KERAS_BUILD_LOG=/some/dir`` every build is also appended, as one JSON line,
+to ``/some/dir/builds-<host>-<pid>.jsonl``: a record that outlives worker processes
+(Spark discards idle or interrupted workers, and their :func:`cache_info` with them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+logger = logging.getLogger("spark_keras")
+
+DEFAULT_MAX_ENTRIES = 4
+DEFAULT_MAX_BYTES = 8 * 1024**3
+
+
+@dataclass
+class _Entry:
+    value: Any
+    nbytes: int
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. compiled predict functions
+
+
+class ModelCache:
+    """Thread-safe LRU of built models; concurrent requests for one key build once."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._building: dict[str, threading.Lock] = {}
+        self._builds: dict[str, int] = {}
+        self._hits = 0
+        self._evictions = 0
+        self._build_seconds = 0.0
+
+    def get_or_build(self, key: str, build: Callable[[], tuple[Any, int]]) -> _Entry:
+        """The entry for ``key``; ``build()`` returns ``(value, nbytes)`` on a miss."""
+        with self._lock:
+            entry = self._hit(key)
+            if entry is not None:
+                return entry
+            key_lock = self._building.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                entry = self._hit(key)  # another thread built it while we waited
+                if entry is not None:
+                    return entry
+            started = time.perf_counter()
+            value, nbytes = build()
+            seconds = time.perf_counter() - started
+            entry = _Entry(value, nbytes)
+            with self._lock:
+                self._builds[key] = self._builds.get(key, 0) + 1
+                self._build_seconds += seconds
+                self._entries[key] = entry
+                self._evict_over_limits(keep=key)
+                self._building.pop(key, None)
+            logger.info("built model %s in %.2fs (pid %d)", key, seconds, os.getpid())
+            _log_build(key, seconds, nbytes)
+            return entry
+
+    def _hit(self, key: str) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            self._hits += 1
+        return entry
+
+    def _evict_over_limits(self, keep: str | None = None) -> None:
+        while self._entries and (len(self._entries) > self.max_entries
+                                 or self._total_bytes() > self.max_bytes):
+            oldest = next(iter(self._entries))
+            if oldest == keep and len(self._entries) == 1:
+                break  # one model larger than the byte limit still has to be usable
+            if oldest == keep:
+                self._entries.move_to_end(keep)
+                continue
+            del self._entries[oldest]
+            self._evictions += 1
+            logger.info("evicted model %s from the cache (pid %d)", oldest, os.getpid())
+
+    def _total_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def drop(self, key: str) -> bool:
+        """Forget ``key``; True if it was cached."""
+        with self._lock:
+            return self._entries.pop(key, None) is not None
+
+    def configure(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+        with self._lock:
+            if max_entries is not None:
+                self.max_entries = max(1, int(max_entries))
+            if max_bytes is not None:
+                self.max_bytes = max(0, int(max_bytes))
+            self._evict_over_limits()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "pid": os.getpid(),
+                "builds": sum(self._builds.values()),
+                "builds_by_key": dict(self._builds),
+                "hits": self._hits,
+                "evictions": self._evictions,
+                "entries": len(self._entries),
+                "keys": list(self._entries),
+                "bytes": self._total_bytes(),
+                "build_seconds": self._build_seconds,
+                "max_entries": self.max_entries,
+                "max_bytes": self.max_bytes,
+            }
+
+
+def _log_build(key: str, seconds: float, nbytes: int) -> None:
+    folder = os.environ.get("SPARK_KERAS_BUILD_LOG")
+    if not folder:
+        return
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "key": key,
+              "seconds": round(seconds, 4), "nbytes": nbytes, "time": time.time()}
+    try:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"builds-{record['host']}-{record['pid']}.jsonl")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as exc:  # observability must never break scoring
+        logger.warning("cannot write build log in %s: %s", folder, exc)
+
+
+def read_build_log(folder: str) -> list[dict[str, Any]]:
+    """All build records written under ``folder`` (see ``SPARK_KERAS_BUILD_LOG``)."""
+    records = []
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.startswith("builds-") and name.endswith(".jsonl"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+model_cache = ModelCache(
+    max_entries=_env_int("SPARK_KERAS_CACHE_MAX_ENTRIES", DEFAULT_MAX_ENTRIES),
+    max_bytes=_env_int("SPARK_KERAS_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES),
+)
+
+
+def cache_info() -> dict[str, Any]:
+    """This process's model cache statistics: builds (total and by key), hits, evictions,
+    entries, bytes, seconds spent building, limits, and the process id."""
+    return model_cache.info()
+
+
+def configure_cache(*, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+    """Change this process's cache limits (evicting at once if over them)."""
+    model_cache.configure(max_entries=max_entries, max_bytes=max_bytes)

@@ -1,0 +1,91 @@
+"""What a model takes and returns: names, per-row shapes and dtypes, read off the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]  # per row, without the batch dimension
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def describe(self) -> str:
+        return f"{self.dtype} of shape {self.shape}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    input_structure: Any  # how model() wants its inputs: None (one tensor), "list", or dict keys
+    output_names: tuple[str, ...] | None  # None: a single output (not a struct)
+
+    def pack_inputs(self, arrays: list[Any]) -> Any:
+        if self.input_structure is None:
+            return arrays[0]
+        if self.input_structure == "list":
+            return list(arrays)
+        return dict(zip(self.input_structure, arrays))
+
+
+def _known(shape: Any, what: str) -> tuple[int, ...]:
+    dims = tuple(shape)[1:]
+    if any(d is None for d in dims):
+        raise ValueError(f"{what} has an unknown dimension {tuple(shape)}; only the batch "
+                         f"dimension may be unknown")
+    return tuple(int(d) for d in dims)
+
+
+def signature_of(model: Any) -> Signature:
+    """Input and output specs of a built Keras model."""
+    import keras
+
+    graph = getattr(model, "_functional", None) or model  # a Sequential wraps a Functional
+    if getattr(graph, "_inputs_struct", None) is not None:
+        structure = graph._inputs_struct
+        if isinstance(structure, dict):
+            names = list(structure)
+            tensors = [structure[k] for k in names]
+            input_structure: Any = tuple(names)
+        else:
+            tensors = keras.tree.flatten(structure)
+            names = [t.name for t in tensors]
+            input_structure = None if len(tensors) == 1 and not isinstance(structure, (list, tuple)) \
+                else "list"
+        inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), str(t.dtype))
+                       for n, t in zip(names, tensors))
+        outputs_struct = graph._outputs_struct
+    else:
+        shape = (model.get_build_config() or {}).get("input_shape")
+        if shape is None or not all(d is None or isinstance(d, int) for d in shape):
+            raise ValueError(f"cannot tell the input shape of {type(model).__name__}: build it "
+                             f"with a single input shape (model.build(shape)) or use keras.Input")
+        inputs = (TensorSpec("input", _known(shape, "input"), keras.backend.floatx()),)
+        input_structure = None
+        spec = keras.KerasTensor((None, *inputs[0].shape), dtype=inputs[0].dtype)
+        outputs_struct = model.compute_output_spec(spec)
+
+    if isinstance(outputs_struct, dict):
+        out_names: tuple[str, ...] | None = tuple(outputs_struct)
+        out_tensors = [outputs_struct[k] for k in out_names]
+    else:
+        out_tensors = keras.tree.flatten(outputs_struct)
+        out_names = None
+        if len(out_tensors) > 1:
+            names = getattr(model, "output_names", None) or []
+            out_names = tuple(names) if len(names) == len(out_tensors) and len(set(names)) == len(names) \
+                else tuple(f"output_{i}" for i in range(len(out_tensors)))
+    outputs = tuple(
+        TensorSpec(out_names[i] if out_names else "prediction",
+                   _known(t.shape, "output"), str(t.dtype))
+        for i, t in enumerate(out_tensors))
+    return Signature(inputs, outputs, input_structure, out_names)

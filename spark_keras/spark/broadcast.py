@@ -1,0 +1,215 @@
+"""BroadcastModel: a Keras model broadcast once, rebuilt once per Python worker process."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import uuid
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from ..cache import model_cache
+from ..errors import SparkKerasError
+from ..inference.predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
+from ..inference.signature import Signature, signature_of
+
+logger = logging.getLogger("spark_keras")
+
+# Keys of BroadcastModels released on this driver; every handle shipped afterwards carries
+# them, so a worker that unpickles any handle drops those models from its cache.
+_released: collections.deque[str] = collections.deque(maxlen=256)
+
+
+class BroadcastModel:
+    """A Keras model shipped to Spark executors once, as a payload broadcast.
+
+    ``.value`` is the model: on the driver the original object; on an executor the
+    model rebuilt from the payload through this process's :mod:`spark_keras.cache`, so
+    each Python worker process builds it once however many tasks, stages and actions use
+    it, including when the handle is captured in a UDF closure (closures are unpickled per
+    task, the cache is not). The Keras object itself is never pickled.
+
+    Args:
+        spark: a ``SparkSession`` or ``SparkContext``.
+        model_or_path: a Keras model, a ``.keras`` file, or a payload file
+            (``spark_keras.save``).
+        custom_objects: custom classes/functions the model needs. They, and the custom
+            classes found in the model, are shipped with the payload (cloudpickle: classes
+            defined in the driver's ``__main__`` travel by value); the payload format
+            itself stays pickle-free.
+        safe_mode: Keras ``safe_mode`` when rebuilding (and when loading a ``.keras`` file).
+
+    Example::
+
+        bm = BroadcastModel(spark, model)
+        scored = bm.transform(df, ["features"])                 # Arrow, zero-copy
+        df.select(bm.predict_udf()("features"))                 # a vectorized UDF
+        rdd.mapPartitions(bm.predict_partition)                 # plain RDDs
+    """
+
+    def __init__(self, spark: Any, model_or_path: Any, *,
+                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True) -> None:
+        import cloudpickle
+
+        from ..payload.pickling import referenced_objects
+
+        sc = getattr(spark, "sparkContext", spark)
+        model, payload = _model_and_payload(model_or_path, custom_objects, safe_mode)
+        objects = dict(referenced_objects(model))
+        objects.update(custom_objects or {})
+        shipped_objects = cloudpickle.dumps(objects) if objects else b""
+        self._key = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+        self._model: Any = model
+        self._nbytes = len(payload)
+        self._signature: Signature | None = None
+        self._broadcast = sc.broadcast((payload, shipped_objects, safe_mode))
+        self._released = False
+        logger.info("broadcast %s: %.1f MB payload", self._key, self._nbytes / 2**20)
+
+    # --- the model -------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """This handle's cache key (unique per BroadcastModel)."""
+        return self._key
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the broadcast payload in bytes."""
+        return self._nbytes
+
+    @property
+    def value(self) -> Any:
+        """The Keras model (rebuilt once per worker process on executors)."""
+        if self._model is not None:
+            return self._model
+        if self._released:
+            raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
+        return model_cache.get_or_build(self._key, self._build).value
+
+    def _build(self) -> tuple[Any, int]:
+        import cloudpickle
+
+        from ..payload import loads
+
+        payload, shipped_objects, safe_mode = self._broadcast.value
+        objects = cloudpickle.loads(shipped_objects) if shipped_objects else None
+        model = loads(payload, custom_objects=objects, safe_mode=safe_mode)
+        del payload
+        _forget_loaded_value(self._broadcast)
+        return model, self._nbytes
+
+    @property
+    def signature(self) -> Signature:
+        """The model's inputs and outputs (names, per-row shapes, dtypes)."""
+        if self._signature is None:
+            self._signature = signature_of(self.value)
+        return self._signature
+
+    @property
+    def predictor(self) -> Predictor:
+        """The model's compiled inference function (one per model and process)."""
+        return predictor_for(self.value)
+
+    # --- inference helpers -----------------------------------------------------------
+
+    def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE):
+        """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
+
+        Columns: one array/Vector/scalar column per model input, or several scalar columns
+        stacked as the features of a single-input model. The result is a scalar column
+        for a single-unit output, (nested) arrays for vector outputs, a struct with one
+        field per output for multi-output models; ``return_type`` overrides it.
+        Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before.
+        """
+        from .scoring import PredictUDF
+
+        return PredictUDF(self, return_type=return_type, batch_size=batch_size)
+
+    def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
+                  *, batch_size: int = DEFAULT_BATCH_SIZE) -> Any:
+        """``df`` with every column kept plus ``output_col`` (a struct for multi-output
+        models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion."""
+        from .scoring import transform
+
+        return transform(self, df, input_cols, output_col, batch_size=batch_size)
+
+    def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE
+                          ) -> Iterator[Any]:
+        """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
+
+        A row is a feature array/list/Vector, a tuple/Row with one value per model input,
+        or a dict keyed by input name. Predictions are floats for single-unit outputs,
+        numpy arrays otherwise, dicts for multi-output models.
+        """
+        from .scoring import predict_rows
+
+        return predict_rows(self, rows, batch_size=batch_size)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def unpersist(self, blocking: bool = False) -> None:
+        """Delete the broadcast's copies on executors (re-sent if used again); cached
+        models are dropped by workers as soon as they unpickle any later handle."""
+        _released.append(self._key)
+        self._broadcast.unpersist(blocking)
+
+    def destroy(self, blocking: bool = False) -> None:
+        """Release the broadcast everywhere; this handle can no longer be used."""
+        _released.append(self._key)
+        self._released = True
+        self._model = None
+        self._broadcast.destroy(blocking)
+
+    # --- pickling (what a closure or a broadcast structure carries) ----------------------
+
+    def __reduce__(self) -> tuple:
+        if self._released:
+            raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
+        return (_restore, (self._key, self._broadcast, self._nbytes, self.signature,
+                           tuple(_released)))
+
+    def __repr__(self) -> str:
+        where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
+        return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
+
+
+def _restore(key: str, broadcast: Any, nbytes: int, signature: Signature,
+             released: Sequence[str]) -> BroadcastModel:
+    for old in released:
+        model_cache.drop(old)
+    handle = BroadcastModel.__new__(BroadcastModel)
+    handle._key, handle._broadcast, handle._nbytes = key, broadcast, nbytes
+    handle._model, handle._signature, handle._released = None, signature, False
+    return handle
+
+
+def _forget_loaded_value(broadcast: Any) -> None:
+    """Let a worker free the unpickled payload bytes once the model is built (PySpark
+    reloads a broadcast value from its file on demand), so a worker holds one copy of
+    the weights, not two."""
+    if getattr(broadcast, "_path", None) is not None:
+        broadcast.__dict__.pop("_value", None)
+
+
+def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,
+                       safe_mode: bool) -> tuple[Any, bytes]:
+    from ..errors import PayloadError
+    from ..payload import codec
+
+    if not isinstance(model_or_path, (str, os.PathLike)):
+        return model_or_path, codec.dumps(model_or_path, custom_objects=custom_objects)
+    path = os.fspath(model_or_path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise PayloadError(f"cannot read model file {path!r}: {exc}") from exc
+    if codec.is_payload(data):
+        return codec.loads(data, custom_objects=custom_objects, safe_mode=safe_mode), data
+    if data[:4] != b"PK\x03\x04":
+        raise PayloadError(f"{path!r} is neither a spark_keras payload nor a .keras file")
+    import keras
+
+    model = keras.saving.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
+    return model, codec.dumps(model, custom_objects=custom_objects)

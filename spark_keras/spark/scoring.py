@@ -1,0 +1,195 @@
+"""Scoring Spark data with a BroadcastModel: the UDF, the mapInArrow transform and the
+mapPartitions helper. All three share one path: columns -> numpy inputs -> compiled
+model call in batches -> Arrow/numpy outputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ModelInputError
+from ..inference.arrow_tensors import columns_to_inputs, is_scalar_output, outputs_to_arrow
+from ..inference.predictor import Predictor
+from .types import prediction_type
+
+if TYPE_CHECKING:
+    from .broadcast import BroadcastModel
+
+
+def predict_arrow(predictor: Predictor, names: Sequence[str], arrays: Sequence[pa.Array],
+                  batch_size: int) -> pa.Array:
+    """Predictions for one Arrow batch of input columns, as one Arrow column."""
+    sig = predictor.signature
+    if len(arrays[0]) == 0:
+        empty = [np.zeros((0, *s.shape), dtype="float32") for s in sig.outputs]
+        return outputs_to_arrow(empty, sig)
+    inputs = columns_to_inputs(names, arrays, sig)
+    return outputs_to_arrow(predictor(inputs, batch_size), sig)
+
+
+def _column_name(col: Any) -> str:
+    if isinstance(col, str):
+        return col
+    text = str(col)  # Column<'features'>
+    return text[8:-2] if text.startswith("Column<'") and text.endswith("'>") else text
+
+
+class PredictUDF:
+    """Callable like a UDF: ``udf("features")`` or ``udf("a", "b", "c")`` gives a Column.
+
+    The column names are bound when it is called, so input errors raised on executors
+    name the column at fault.
+    """
+
+    def __init__(self, handle: "BroadcastModel", *, return_type: Any = None,
+                 batch_size: int) -> None:
+        self.handle = handle
+        self.returnType = return_type if return_type is not None else prediction_type(handle.signature)
+        self.batch_size = int(batch_size)
+
+    def __call__(self, *cols: Any) -> Any:
+        if not cols:
+            raise ModelInputError("predict_udf needs at least one input column")
+        names = [_column_name(c) for c in cols]
+        return _make_udf(self.handle, names, self.returnType, self.batch_size)(*cols)
+
+
+def _make_udf(handle: "BroadcastModel", names: list[str], return_type: Any, batch_size: int):
+    try:
+        from pyspark.sql.pandas.functions import arrow_udf
+    except ImportError:  # PySpark < 4.1: pandas UDF
+        return _make_pandas_udf(handle, names, return_type, batch_size)
+
+    def predict(batches):
+        predictor = handle.predictor
+        for batch in batches:
+            arrays = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+            yield predict_arrow(predictor, names, arrays, batch_size)
+
+    # arrow_udf reads the UDF kind from type hints (iterator of arrays, or of tuples)
+    item = pa.Array if len(names) == 1 else Tuple[pa.Array, ...]
+    predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pa.Array]}
+    return arrow_udf(predict, return_type)
+
+
+def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: Any,
+                     batch_size: int):
+    from pyspark.sql.functions import PandasUDFType, pandas_udf
+
+    def predict(batches: Iterator[Any]) -> Iterator[Any]:
+        predictor = handle.predictor
+        for batch in batches:
+            series = list(batch) if isinstance(batch, (tuple, list)) else [batch]
+            arrays = [_series_to_arrow(name, s) for name, s in zip(names, series)]
+            out = predict_arrow(predictor, names, arrays, batch_size)
+            if isinstance(out, pa.StructArray):
+                yield pa.Table.from_arrays(out.flatten(), names=[f.name for f in out.type]).to_pandas()
+            else:
+                yield out.to_pandas()
+
+    return pandas_udf(predict, return_type, PandasUDFType.SCALAR_ITER)
+
+
+def _series_to_arrow(name: str, series: Any) -> pa.Array:
+    """A pandas UDF input column as Arrow (ML Vectors become dense lists)."""
+    values = series.to_numpy()
+    if values.dtype == object and len(values):
+        first = next((v for v in values if v is not None), None)
+        if hasattr(first, "toArray"):  # pyspark.ml.linalg vectors
+            return pa.array([None if v is None else v.toArray() for v in values])
+    try:
+        return pa.Array.from_pandas(series)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ModelInputError(f"column {name!r} cannot be read as numbers: {exc}") from exc
+
+
+def transform(handle: "BroadcastModel", df: Any, input_cols: str | Sequence[str],
+              output_col: str, *, batch_size: int) -> Any:
+    from pyspark.sql.types import StructField, StructType
+
+    names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
+    missing = [c for c in names if c not in df.columns]
+    if missing:
+        raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {df.columns}")
+    if output_col in df.columns:
+        raise ModelInputError(f"output column {output_col!r} already exists in the DataFrame")
+    schema = StructType(df.schema.fields + [StructField(output_col, prediction_type(handle.signature))])
+
+    def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        predictor = handle.predictor
+        for batch in batches:
+            arrays = [batch.column(c) for c in names]
+            prediction = predict_arrow(predictor, names, arrays, batch_size)
+            yield pa.RecordBatch.from_arrays([*batch.columns, prediction],
+                                             names=[*batch.schema.names, output_col])
+
+    return df.mapInArrow(score, schema)
+
+
+def predict_rows(handle: "BroadcastModel", rows: Iterable[Any], *, batch_size: int
+                 ) -> Iterator[Any]:
+    predictor = handle.predictor
+    buffer: list[Any] = []
+    position = 0
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) >= batch_size:
+            yield from _predict_row_batch(predictor, buffer, position, batch_size)
+            position += len(buffer)
+            buffer = []
+    if buffer:
+        yield from _predict_row_batch(predictor, buffer, position, batch_size)
+
+
+def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str]) -> list[Any]:
+    if isinstance(row, dict) or hasattr(row, "asDict"):
+        mapping = row if isinstance(row, dict) else row.asDict()
+        if all(name in mapping for name in input_names):
+            return [mapping[name] for name in input_names]
+        row = list(mapping.values())
+    if hasattr(row, "toArray"):  # an ML Vector
+        return [row.toArray()]
+    if isinstance(row, (tuple, list)) and n_inputs > 1:
+        return list(row)
+    if isinstance(row, (tuple, list)) and len(row) == 1 and not np.isscalar(row[0]):
+        part = row[0]
+        return [part.toArray() if hasattr(part, "toArray") else part]
+    return [row]
+
+
+def _predict_row_batch(predictor: Predictor, rows: list[Any], start: int,
+                       batch_size: int) -> Iterator[Any]:
+    sig = predictor.signature
+    names = [s.name for s in sig.inputs]
+    parts = [_row_parts(r, len(sig.inputs), names) for r in rows]
+    inputs = []
+    for i, spec in enumerate(sig.inputs):
+        rows_i = []
+        for j, p in enumerate(parts):
+            if len(p) != len(sig.inputs):
+                raise ModelInputError(f"row {start + j} of this partition has {len(p)} parts; "
+                                      f"the model has inputs {names}")
+            value = p[i]
+            if value is None:
+                raise ModelInputError(f"row {start + j} of this partition: input {spec.name!r} "
+                                      f"is null; expected {spec.describe()}")
+            try:
+                arr = np.asarray(value, dtype=spec.dtype)
+            except (TypeError, ValueError) as exc:
+                raise ModelInputError(f"row {start + j} of this partition: input {spec.name!r} "
+                                      f"is not numeric ({exc}); expected {spec.describe()}") from exc
+            if arr.size != spec.size:
+                raise ModelInputError(f"row {start + j} of this partition: input {spec.name!r} "
+                                      f"has {arr.size} values, expected {spec.describe()}")
+            rows_i.append(arr.reshape(spec.shape))
+        inputs.append(np.stack(rows_i))
+    outputs = predictor(inputs, batch_size)
+    for j in range(len(rows)):
+        values = [_row_value(o[j], s) for o, s in zip(outputs, sig.outputs)]
+        yield dict(zip(sig.output_names, values)) if sig.output_names else values[0]
+
+
+def _row_value(value: np.ndarray, spec: Any) -> Any:
+    return value.reshape(()).item() if is_scalar_output(spec) else value
