@@ -1,0 +1,82 @@
+"""jobs/score.py through spark-submit on small parquet files, and its one-line failures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import spark_keras as sk
+
+from . import models
+from .conftest import REPO_ROOT
+
+SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+SCORE = os.path.join(REPO_ROOT, "jobs", "score.py")
+
+
+def submit(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    cmd = [SPARK_SUBMIT, "--master", "local[2]", "--properties-file",
+           os.path.join(REPO_ROOT, "conf", "spark-defaults.conf"), SCORE, *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("score-job")
+    model = models.mlp(n_features=6, hidden=8, outputs=3)
+    x = np.random.default_rng(2).standard_normal((250, 6)).astype("float32")
+    pd.DataFrame({"id": np.arange(250), "features": list(x), "name": ["row"] * 250}).to_parquet(
+        folder / "in.parquet", index=False)
+    pd.DataFrame({"id": [1, 2], "features": ["a", "b"]}).to_parquet(folder / "bad.parquet", index=False)
+    model.save(folder / "model.keras")
+    sk.save(model, folder / "model.skp")
+    return folder, model, x
+
+
+def test_score_job_with_spark_submit(files):
+    folder, model, x = files
+    out = folder / "scored.parquet"
+    proc = submit("--model", str(folder / "model.skp"), "--input", str(folder / "in.parquet"),
+                  "--output", str(out), "--features", "features", "--batch-size", "64")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SCORED rows=250" in proc.stdout
+    assert "builds_per_worker={" in proc.stdout and "': 1" in proc.stdout
+    scored = pd.read_parquet(out).sort_values("id")
+    assert list(scored.columns) == ["id", "features", "name", "prediction"]
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["missing input", "unreadable model", "output exists",
+                                  "unknown feature", "bad data"])
+def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
+    folder, _, _ = files
+    args = {"--model": str(folder / "model.keras"), "--input": str(folder / "in.parquet"),
+            "--output": str(folder / f"out-{case.replace(' ', '-')}"), "--features": "features"}
+    expected = {"missing input": "input path", "unreadable model": "cannot load model",
+                "output exists": "exists; pass --overwrite", "unknown feature": "not in the input",
+                "bad data": "column 'features' has type string"}[case]
+    if case == "missing input":
+        args["--input"] = str(folder / "nope.parquet")
+    elif case == "unreadable model":
+        (folder / "garbage.keras").write_bytes(b"not a model at all")
+        args["--model"] = str(folder / "garbage.keras")
+    elif case == "output exists":
+        os.makedirs(args["--output"], exist_ok=True)
+    elif case == "unknown feature":
+        args["--features"] = "pixels"
+    elif case == "bad data":
+        args["--input"] = str(folder / "bad.parquet")
+    before = set(os.listdir(folder))
+    proc = submit(*[item for pair in args.items() for item in pair])
+    assert proc.returncode != 0
+    # spark-submit merges the Python driver's stderr into its stdout
+    output = proc.stdout + proc.stderr
+    errors = [line for line in output.splitlines() if line.startswith("score.py: error:")]
+    assert len(errors) == 1 and expected in errors[0], output[-3000:]
+    assert set(os.listdir(folder)) == before  # no partial output, no staging folder

@@ -1,0 +1,54 @@
+"""What really crosses executors: local-cluster[2,1,1024] (two executor JVMs, each with
+its own Python daemon and workers)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import spark_keras as sk
+
+from . import models
+from .conftest import builds_by_worker, make_spark
+
+
+@pytest.fixture(scope="module")
+def cluster(build_log):
+    session = make_spark("local-cluster[2,1,1024]", build_log,
+                         **{"spark.executor.memory": "1g", "spark.python.worker.reuse": "true"})
+    yield session
+    session.stop()
+
+
+def test_two_executors_build_once_per_worker_and_match_the_driver(cluster, build_log):
+    model = models.actor_cnn()
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((48, 120, 160, 2)).astype("float32")
+    df = cluster.createDataFrame([(i, x[i].reshape(-1).tolist()) for i in range(len(x))],
+                                 "id long, obs array<float>").repartition(12).cache()
+    df.count()
+    expected = np.asarray(model(x))
+    bm = sk.BroadcastModel(cluster, model)
+
+    for _ in range(2):
+        out = bm.transform(df, "obs", batch_size=8).select("id", "prediction").toPandas().sort_values("id")
+        np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), expected, atol=1e-5)
+
+    def where(rows):
+        rows = list(rows)
+        obs = np.array([r.obs for r in rows], "float32").reshape(-1, 120, 160, 2)
+        preds = np.asarray(bm.value(obs)) if rows else np.zeros((0, 5))
+        yield os.getcwd(), os.getpid(), [(r.id, p.tolist()) for r, p in zip(rows, preds)]
+
+    parts = df.rdd.mapPartitions(where).collect()
+    executors = {cwd for cwd, _, _ in parts}
+    assert len(executors) == 2, executors  # tasks really ran in both executors
+    got = dict(item for _, _, items in parts for item in items)
+    np.testing.assert_allclose(np.array([got[i] for i in range(len(x))]), expected, atol=1e-5)
+
+    builds = builds_by_worker(build_log, bm.key)
+    assert builds and all(n == 1 for n in builds.values()), builds
+    pids_that_scored = {pid for _, pid, _ in parts}
+    assert pids_that_scored <= {pid for _, pid in builds}
