@@ -1,28 +1,72 @@
-"""`python -m bench [--quick] [--only payload,...]`: print tables; with --write, update docs."""
+"""`python -m bench [--quick] [--only payload,scoring] [--write]`.
+
+Prints each section's table. With --write, also rewrites docs/benchmarks.md (tables,
+command, machine, date, targets met or not) and docs/benchmarks.png.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from . import payload_bench, report  # noqa: E402
+from . import report  # noqa: E402
+
+SECTIONS = ("payload", "scoring")
+
+
+def machine() -> str:
+    import keras
+    import pyspark
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
+            f"Python {platform.python_version()}, PySpark {pyspark.__version__}, Keras {keras.__version__}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", default="payload", help="comma-separated sections")
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md and .png")
     args = parser.parse_args(argv)
-    sections = set(args.only.split(","))
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}")
+    sections = [s for s in args.only.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    started = time.perf_counter()
+    given = sys.argv[1:] if argv is None else argv
+    results: dict = {"machine": machine(), "command": " ".join(["python -m bench", *given]),
+                     "date": datetime.date.today().isoformat()}
+    print(f"machine: {results['machine']}")
     if "payload" in sections:
-        rows = payload_bench.run(repeats=args.repeats)
+        from . import payload_bench
+
+        rows = payload_bench.run(repeats=1 if args.quick else args.repeats,
+                                 names=["MLP 90MB"] if args.quick else None)
+        results["payload"] = rows
         print("\n## Rebuild: pickle.loads(pickle.dumps(m)) vs spark_keras.loads(spark_keras.dumps(m))\n")
         print(report.table(rows))
+    if "scoring" in sections:
+        from . import scoring_bench
+
+        rows, facts = scoring_bench.run(quick=args.quick)
+        results["scoring"], results["facts"] = rows, facts
+        print("\n## Scoring throughput on local[2]\n")
+        print(report.table(rows, floatfmt="{:,.2f}"))
+        print("\n" + "\n".join(f"{k}: {v:.1f}" for k, v in facts.items()))
+        for line in report.scoring_targets(rows, facts):
+            print(line)
+    results["seconds"] = time.perf_counter() - started
+    print(f"\nbench finished in {results['seconds']:.0f}s")
+    if args.write:
+        report.write_docs(results)
     return 0
 
 

@@ -94,6 +94,10 @@ def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: An
 
 def _series_to_arrow(name: str, series: Any) -> pa.Array:
     """A pandas UDF input column as Arrow (ML Vectors become dense lists)."""
+    if hasattr(series, "columns"):  # a struct column (an ML Vector) arrives as a DataFrame
+        return pa.StructArray.from_arrays(
+            [_series_to_arrow(f"{name}.{c}", series[c]) for c in series.columns],
+            names=[str(c) for c in series.columns])
     values = series.to_numpy()
     if values.dtype == object and len(values):
         first = next((v for v in values if v is not None), None)

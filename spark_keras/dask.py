@@ -1,0 +1,342 @@
+"""Keras models on Dask workers (needs the ``dask`` extra: dask and distributed).
+
+Three ways in, from simplest to fastest:
+
+* ``client.submit(train, spark_keras.make_picklable(model))``: every task receives the
+  model as a payload (config + weights, plus custom classes: by reference when
+  importable, by value when defined in ``__main__``) and gets its own independent copy,
+  so it may train it and return ``get_weights()``.
+* :func:`ship`: the payload goes to every worker once, in a worker plugin (workers that
+  join later get it too); tasks receive a tiny handle whose ``.value`` is the model,
+  rebuilt once per worker process through :mod:`spark_keras.cache`. For inference;
+  :func:`predict_dask` scores a ``dask.array`` or ``dask.dataframe`` with it.
+* ``dask worker --preload spark_keras.dask``: workers import Keras and the modules listed
+  in ``SPARK_KERAS_PRELOAD`` (comma-separated; custom layers and models) at start.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import uuid
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from .cache import model_cache
+from .errors import ModelInputError, SparkKerasError
+from .inference.predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
+from .inference.signature import Signature, TensorSpec, signature_of
+from .multiprocessing import Shipment, model_outputs
+
+logger = logging.getLogger("spark_keras")
+
+__all__ = ["ship", "DaskModel", "predict_dask", "dask_setup", "PRELOAD_ENV"]
+
+PRELOAD_ENV = "SPARK_KERAS_PRELOAD"
+
+
+def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
+         safe_mode: bool = True) -> "DaskModel":
+    """Send ``model`` to every worker of ``client`` once; return a handle for tasks.
+
+    The payload and the model's custom objects (those found in it plus
+    ``custom_objects``; cloudpickled, so classes from ``__main__`` work) travel in a
+    ``distributed`` worker plugin: registered with the scheduler, it reaches current
+    workers now and workers started later when they join. The returned
+    :class:`DaskModel` pickles as its key only; inside a task, ``handle.value`` is the
+    model, built on first use in each worker process and cached
+    (:func:`spark_keras.cache_info`). Use it for inference; to train on a worker, submit
+    a ``make_picklable`` model instead, which gives each task its own copy.
+
+    Example::
+
+        handle = ship(client, model)
+        futures = client.map(lambda x: handle.value(x).numpy(), batches)
+        scores = predict_dask(handle, ddf, columns=feature_names)
+        handle.release()                      # or: with ship(client, model) as handle:
+
+    Raises:
+        PayloadError: the model cannot be serialized. Rebuilding errors on a worker
+            (for example an unknown class) are raised by the tasks using the handle.
+    """
+    shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode)
+    key = f"spark_keras-{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+    client.register_plugin(_ModelPlugin(key, shipment), name=key)
+    logger.info("shipped %s to Dask workers: %.1f MB payload", key,
+                len(shipment.payload) / 2**20)
+    handle = DaskModel(key, len(shipment.payload))
+    handle._model, handle._client = model, client
+    return handle
+
+
+class DaskModel:
+    """A model shipped to Dask workers by :func:`ship`: ``.value`` is the model (the
+    original on the driver, the cached rebuild in a worker process)."""
+
+    def __init__(self, key: str, nbytes: int) -> None:
+        self._key, self._nbytes = key, nbytes
+        self._model: Any = None
+        self._client: Any = None
+        self._signature: Signature | None = None
+
+    @property
+    def key(self) -> str:
+        """The cache key and worker plugin name (unique per :func:`ship` call)."""
+        return self._key
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the shipped payload in bytes."""
+        return self._nbytes
+
+    @property
+    def value(self) -> Any:
+        """The Keras model; in a worker, built once per process from the plugin's payload.
+
+        Raises:
+            SparkKerasError: outside the driver and the client's workers, or released.
+            PayloadError: the model cannot be rebuilt in this worker.
+        """
+        if self._model is not None:
+            return self._model
+        return model_cache.get_or_build(self._key, self._plugin().shipment.build).value
+
+    @property
+    def predictor(self) -> Predictor:
+        """The model's compiled inference function (one per model and process)."""
+        return predictor_for(self.value)
+
+    @property
+    def signature(self) -> Signature:
+        """The model's inputs and outputs (names, per-row shapes, dtypes)."""
+        if self._signature is None:
+            self._signature = signature_of(self._model) if self._model is not None \
+                else self.predictor.signature
+        return self._signature
+
+    def release(self) -> None:
+        """Unregister the plugin: workers drop the payload and the cached model; tasks
+        using this handle afterwards fail. Driver-side only."""
+        if self._client is None:
+            raise SparkKerasError("release() is called on the driver that shipped the model")
+        self._client.unregister_worker_plugin(self._key)
+
+    def __enter__(self) -> "DaskModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def _plugin(self) -> "_ModelPlugin":
+        from distributed import get_worker
+
+        try:
+            worker = get_worker()
+        except ValueError:
+            raise SparkKerasError(f"{self!r}.value works on the driver and in tasks on the "
+                                  f"workers of the client that shipped it") from None
+        plugin = worker.plugins.get(self._key)
+        if not isinstance(plugin, _ModelPlugin):
+            raise SparkKerasError(f"model {self._key} is not on worker {worker.address}: it "
+                                  f"was released, or shipped with another cluster's client")
+        return plugin
+
+    def __reduce__(self) -> tuple:
+        return (DaskModel, (self._key, self._nbytes))
+
+    def __dask_tokenize__(self) -> tuple:
+        return ("spark_keras.DaskModel", self._key)
+
+    def __repr__(self) -> str:
+        where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
+        return f"DaskModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
+
+
+class _ModelPlugin(WorkerPlugin):
+    """Carries a :class:`Shipment` to each worker; building waits for the first task,
+    so a model that cannot be rebuilt fails that task instead of the worker."""
+
+    def __init__(self, key: str, shipment: Shipment) -> None:
+        self.name, self.shipment = key, shipment
+
+    def teardown(self, worker: Any) -> None:
+        model_cache.drop(self.name)
+
+
+# --- scoring dask collections ---------------------------------------------------------
+
+def predict_dask(handle: DaskModel, collection: Any, *,
+                 columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> Any:
+    """Score a ``dask.array.Array`` or ``dask.dataframe.DataFrame`` with a shipped model,
+    block by block / partition by partition, through each worker's cached model and
+    compiled predictor. Lazy: returns a dask collection.
+
+    Args:
+        handle: from :func:`ship`.
+        collection: a dask array (rows along axis 0, the rest reshaped to the model's
+            single input; chunks along other axes are merged), or a dask DataFrame.
+        columns: DataFrame only. The feature columns of a single-input model, stacked
+            in order (default: every column); or, for several inputs, a dict mapping
+            each input name to its columns.
+        batch_size: rows per compiled model call.
+
+    Returns:
+        For an array: a dask array per output (rows, *output shape), one for a
+        single-output model, else a dict keyed by output name. For a DataFrame: a dask
+        DataFrame with the input's index and one column per output value: the output's
+        name (``prediction`` for a single output) or ``<name>_<i>`` for vector outputs.
+
+    Raises:
+        ModelInputError: the collection or columns do not match the model's inputs.
+    """
+    signature = handle.signature
+    if hasattr(collection, "map_blocks") and hasattr(collection, "chunks"):
+        if columns is not None:
+            raise ModelInputError("columns= applies to dask DataFrames, not arrays")
+        return _predict_array(handle, collection, signature, int(batch_size))
+    if hasattr(collection, "map_partitions") and hasattr(collection, "columns"):
+        return _predict_frame(handle, collection, signature, columns, int(batch_size))
+    raise ModelInputError(f"predict_dask scores a dask Array or DataFrame, not "
+                          f"{type(collection).__name__} (use .to_frame() on a Series)")
+
+
+def _predict_array(handle: DaskModel, x: Any, signature: Signature, batch_size: int) -> Any:
+    if len(signature.inputs) != 1:
+        raise ModelInputError(f"the model has inputs {[s.name for s in signature.inputs]}: "
+                              f"score a dask DataFrame with columns={{input: [...]}}")
+    spec = signature.inputs[0]
+    x = x[:, None] if x.ndim == 1 else x
+    if int(np.prod(x.shape[1:])) != spec.size:
+        raise ModelInputError(f"rows of shape {tuple(x.shape[1:])} do not fit the model's "
+                              f"input {spec.name!r}: {spec.describe()}")
+    x = x.rechunk({axis: -1 for axis in range(1, x.ndim)})
+    width, dtype = _flat_width(signature), _flat_dtype(signature)
+    flat = x.map_blocks(_score_block, handle=handle, batch_size=batch_size, dtype=dtype,
+                        chunks=(x.chunks[0], (width,)), drop_axis=list(range(2, x.ndim)))
+    outputs, start = [], 0
+    for out in signature.outputs:
+        part = flat[:, start:start + out.size]
+        start += out.size
+        if out.shape != (out.size,):
+            part = part.reshape((part.shape[0], *out.shape))
+        outputs.append(part.astype(out.dtype) if np.dtype(out.dtype) != dtype else part)
+    return model_outputs(outputs, signature)
+
+
+def _predict_frame(handle: DaskModel, frame: Any, signature: Signature,
+                   columns: Sequence[str] | Mapping[str, Sequence[str]] | None,
+                   batch_size: int) -> Any:
+    import pandas as pd
+
+    groups = _column_groups(list(frame.columns), signature, columns)
+    names = [n for out in signature.outputs for n in _output_columns(out)]
+    meta = pd.DataFrame(np.zeros((0, len(names)), _flat_dtype(signature)), columns=names,
+                        index=pd.Index([], dtype=frame.index.dtype))
+    return frame.map_partitions(_score_partition, handle=handle, groups=groups,
+                                batch_size=batch_size, names=names, meta=meta)
+
+
+def _column_groups(available: list[str], signature: Signature,
+                   columns: Sequence[str] | Mapping[str, Sequence[str]] | None) -> list[list[str]]:
+    specs = signature.inputs
+    if isinstance(columns, Mapping):
+        unknown = set(columns) - {s.name for s in specs}
+        missing = [s.name for s in specs if s.name not in columns]
+        if unknown or missing:
+            raise ModelInputError(f"columns= must map each model input {[s.name for s in specs]}"
+                                  f" to its columns; got keys {list(columns)}")
+        groups = [[columns[s.name]] if isinstance(columns[s.name], str) else
+                  list(columns[s.name]) for s in specs]
+    elif len(specs) != 1:
+        raise ModelInputError(f"the model has inputs {[s.name for s in specs]}: pass "
+                              f"columns={{input_name: [column, ...]}}")
+    else:
+        groups = [available if columns is None else
+                  [columns] if isinstance(columns, str) else list(columns)]
+    for spec, group in zip(specs, groups):
+        absent = [c for c in group if c not in available]
+        if absent:
+            raise ModelInputError(f"column(s) {absent} not in the DataFrame; it has {available}")
+        if len(group) != spec.size:
+            raise ModelInputError(f"input {spec.name!r} takes {spec.size} values per row "
+                                  f"({spec.describe()}); got {len(group)} columns {group}")
+    return groups
+
+
+def _output_columns(out: TensorSpec) -> list[str]:
+    return [out.name] if out.size == 1 else [f"{out.name}_{i}" for i in range(out.size)]
+
+
+def _flat_width(signature: Signature) -> int:
+    return sum(out.size for out in signature.outputs)
+
+
+def _flat_dtype(signature: Signature) -> np.dtype:
+    return np.result_type(*[np.dtype(out.dtype) for out in signature.outputs])
+
+
+# --- in the workers ---------------------------------------------------------------------
+
+def _score_flat(handle: DaskModel, inputs: list[np.ndarray], batch_size: int) -> np.ndarray:
+    """One row per input row: every output flattened, side by side, in signature order."""
+    predictor = handle.predictor
+    sig = predictor.signature
+    n = len(inputs[0])
+    if n == 0:
+        return np.zeros((0, _flat_width(sig)), _flat_dtype(sig))
+    outputs = predictor(inputs, batch_size)
+    return np.concatenate([o.reshape(n, -1) for o in outputs], axis=1)
+
+
+def _score_block(block: np.ndarray, *, handle: DaskModel, batch_size: int) -> np.ndarray:
+    spec = handle.signature.inputs[0]
+    x = np.asarray(block, dtype=spec.dtype).reshape((len(block), *spec.shape))
+    return _score_flat(handle, [x], batch_size)
+
+
+def _score_partition(frame: Any, *, handle: DaskModel, groups: list[list[str]],
+                     batch_size: int, names: list[str]) -> Any:
+    import pandas as pd
+
+    inputs = []
+    for spec, group in zip(handle.signature.inputs, groups):
+        try:
+            values = frame[group].to_numpy(dtype=spec.dtype)
+        except (TypeError, ValueError) as exc:
+            raise ModelInputError(f"columns {group} cannot be read as {spec.dtype}: {exc}") from exc
+        inputs.append(values.reshape((len(frame), *spec.shape)))
+    return pd.DataFrame(_score_flat(handle, inputs, batch_size), index=frame.index,
+                        columns=names)
+
+
+# --- dask worker --preload spark_keras.dask -------------------------------------------
+
+def dask_setup(worker: Any = None) -> list[str]:
+    """Preload hook: ``dask worker --preload spark_keras.dask`` (or
+    ``LocalCluster(preload=["spark_keras.dask"])``) runs it when a worker starts.
+
+    Imports Keras (so the first task does not pay for it) and every module named in the
+    ``SPARK_KERAS_PRELOAD`` environment variable (comma-separated, e.g.
+    ``SPARK_KERAS_PRELOAD=my_layers,my_pkg.models``): the modules defining your custom
+    layers and models, registered with ``@keras.saving.register_keras_serializable``, so
+    tasks only receive configs and weights. Returns the modules imported.
+
+    Raises:
+        SparkKerasError: a listed module cannot be imported (the worker does not start).
+    """
+    import keras  # noqa: F401
+
+    names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise SparkKerasError(f"cannot preload {name!r} (from {PRELOAD_ENV}): "
+                                  f"{type(exc).__name__}: {exc}") from exc
+    logger.info("spark_keras preload on %s: keras%s", getattr(worker, "address", "worker"),
+                "".join(f", {n}" for n in names))
+    return names

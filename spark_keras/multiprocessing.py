@@ -1,0 +1,168 @@
+"""Keras models in ``multiprocessing`` workers: ``Process(args=...)`` and a scoring ``Pool``.
+
+* ``Process(target=f, args=(model, ...))`` under ``spawn`` (or ``forkserver``) works once
+  the model is made picklable: ``spark_keras.make_picklable(model)``. The child receives
+  the payload and the model's custom classes (by value when they live in ``__main__``).
+* :func:`pool_predict` scores arrays in a process pool whose initializer receives the
+  payload once per process; every task then uses that process's cached model.
+
+:class:`Shipment` (a payload plus the custom objects needed to rebuild it) is also how
+:mod:`spark_keras.dask` ships models to Dask workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .cache import model_cache
+from .errors import ModelInputError
+from .inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
+from .inference.signature import Signature, signature_of
+
+logger = logging.getLogger("spark_keras")
+
+__all__ = ["pool_predict", "Shipment", "model_outputs"]
+
+
+@dataclass(frozen=True, repr=False)
+class Shipment:
+    """A model on its way to other processes: its payload, the custom classes and
+    functions it needs (cloudpickled: ``__main__`` classes travel by value) and the
+    ``safe_mode`` to rebuild it with. Pickles as plain bytes; :meth:`build` rebuilds."""
+
+    payload: bytes
+    objects: bytes
+    safe_mode: bool = True
+
+    @classmethod
+    def of(cls, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
+           safe_mode: bool = True) -> "Shipment":
+        """Pack ``model`` (its custom objects found in it, plus ``custom_objects``)."""
+        import cloudpickle
+
+        from .payload import dumps
+        from .payload.pickling import referenced_objects
+
+        objects = dict(referenced_objects(model))
+        objects.update(custom_objects or {})
+        return cls(dumps(model, custom_objects=custom_objects),
+                   cloudpickle.dumps(objects) if objects else b"", safe_mode)
+
+    def build(self) -> tuple[Any, int]:
+        """``(model, payload size)``: the signature :meth:`ModelCache.get_or_build` wants."""
+        import pickle
+
+        from .payload import loads
+
+        objects = pickle.loads(self.objects) if self.objects else None
+        return loads(self.payload, custom_objects=objects, safe_mode=self.safe_mode), \
+            len(self.payload)
+
+    def __repr__(self) -> str:
+        return f"Shipment({len(self.payload) / 2**20:.1f} MB payload)"
+
+
+def model_outputs(outputs: list[Any], signature: Signature) -> Any:
+    """Flat outputs (signature order) shaped like the model's: one array for a
+    single-output model, a dict keyed by output name otherwise."""
+    if signature.output_names is None:
+        return outputs[0]
+    return dict(zip(signature.output_names, outputs))
+
+
+def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
+                 context: str | Any = "spawn") -> Any:
+    """Predict ``arrays`` with ``model`` in a pool of worker processes.
+
+    The pool's initializer receives the model's payload once per process; tasks (chunks
+    of at most ``batch_size`` rows) rebuild it through the per-process model cache, so a
+    process builds it once, and call the compiled predictor
+    (:func:`spark_keras.inference.predictor_for`). Results equal ``model(x)``.
+
+    Args:
+        model: a built Keras model (Sequential, Functional or subclassed).
+        arrays: the model's inputs: one array (single-input models), a list of arrays
+            in input order, or a dict keyed by input name.
+        processes: pool size; default: CPU count, but no more processes than chunks.
+        batch_size: rows per task (and per compiled call).
+        custom_objects: custom classes/functions the model needs beyond those found in
+            it; both are shipped (cloudpickle), so ``__main__`` classes work.
+        safe_mode: Keras ``safe_mode`` when rebuilding in the workers.
+        context: a start method name or a ``multiprocessing`` context. ``"spawn"``
+            (default) is safe with TensorFlow; as with any spawn pool, a script must
+            create it under ``if __name__ == "__main__":``.
+
+    Returns:
+        One numpy array for a single-output model, else a dict keyed by output name.
+
+    Raises:
+        ModelInputError: ``arrays`` do not match the model's inputs.
+        PayloadError: the model cannot be serialized, or rebuilt in a worker (raised
+            here, from the failing task).
+    """
+    signature = signature_of(model)
+    inputs = _input_list(arrays, signature)
+    n = len(inputs[0])
+    if n == 0:
+        return model_outputs([np.zeros((0, *s.shape), s.dtype) for s in signature.outputs],
+                             signature)
+    processes = processes or os.cpu_count() or 1
+    rows = max(1, min(int(batch_size), -(-n // processes)))
+    chunks = [[a[i:i + rows] for a in inputs] for i in range(0, n, rows)]
+    key = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+    shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode)
+    ctx = multiprocessing.get_context(context) if isinstance(context, str) else context
+    logger.info("pool_predict %s: %d rows in %d tasks, %d processes", key, n, len(chunks),
+                min(processes, len(chunks)))
+    with ctx.Pool(min(processes, len(chunks)), initializer=_receive,
+                  initargs=(key, shipment)) as pool:
+        parts = pool.map(_predict_chunk, [(key, chunk, int(batch_size)) for chunk in chunks],
+                         chunksize=1)
+    return model_outputs([np.concatenate(p) for p in zip(*parts)], signature)
+
+
+def _input_list(arrays: Any, signature: Signature) -> list[np.ndarray]:
+    specs = signature.inputs
+    if isinstance(arrays, Mapping):
+        missing = [s.name for s in specs if s.name not in arrays]
+        if missing:
+            raise ModelInputError(f"inputs {missing} missing; the model has inputs "
+                                  f"{[s.name for s in specs]}")
+        arrays = [arrays[s.name] for s in specs]
+    elif not isinstance(arrays, (list, tuple)):
+        arrays = [arrays]
+    if len(arrays) != len(specs):
+        raise ModelInputError(f"got {len(arrays)} input arrays; the model has inputs "
+                              f"{[s.name for s in specs]}")
+    out = [np.asarray(a, dtype=s.dtype) for a, s in zip(arrays, specs)]
+    for a, s in zip(out, specs):
+        if a.shape[1:] != s.shape or len(a) != len(out[0]):
+            raise ModelInputError(f"input {s.name!r} has shape {a.shape}; expected "
+                                  f"{len(out[0])} rows of {s.describe()}")
+    return out
+
+
+# --- in the pool's processes ----------------------------------------------------------
+
+_received: dict[str, Shipment] = {}
+
+
+def _receive(key: str, shipment: Shipment) -> None:
+    # Only store the bytes: a failing initializer would make the pool respawn workers
+    # forever, a failing task raises in the caller.
+    _received[key] = shipment
+
+
+def _predict_chunk(task: tuple[str, list[np.ndarray], int]) -> list[np.ndarray]:
+    key, arrays, batch_size = task
+    model = model_cache.get_or_build(key, _received[key].build).value
+    return predictor_for(model)(arrays, batch_size)
