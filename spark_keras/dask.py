@@ -5,7 +5,8 @@ Three ways in, from simplest to fastest:
 * ``client.submit(train, spark_keras.make_picklable(model))``: every task receives the
   model as a payload (config + weights, plus custom classes: by reference when
   importable, by value when defined in ``__main__``) and gets its own independent copy,
-  so it may train it and return ``get_weights()``.
+  so it may train it and return ``get_weights()``. The scheduler unpickles every task it
+  is sent, so it rebuilds the model too (it needs Keras installed).
 * :func:`ship`: the payload goes to every worker once, in a worker plugin (workers that
   join later get it too); tasks receive a tiny handle whose ``.value`` is the model,
   rebuilt once per worker process through :mod:`spark_keras.cache`. For inference;
@@ -23,7 +24,12 @@ import uuid
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from distributed.diagnostics.plugin import WorkerPlugin
+
+try:
+    from distributed.diagnostics.plugin import WorkerPlugin
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("spark_keras.dask needs dask and distributed: "
+                      "pip install 'spark-keras[dask]'") from exc
 
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
@@ -46,10 +52,11 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
     ``custom_objects``; cloudpickled, so classes from ``__main__`` work) travel in a
     ``distributed`` worker plugin: registered with the scheduler, it reaches current
     workers now and workers started later when they join. The returned
-    :class:`DaskModel` pickles as its key only; inside a task, ``handle.value`` is the
+    :class:`DaskModel` pickles as its key and size only; inside a task, ``handle.value`` is the
     model, built on first use in each worker process and cached
-    (:func:`spark_keras.cache_info`). Use it for inference; to train on a worker, submit
-    a ``make_picklable`` model instead, which gives each task its own copy.
+    (:func:`spark_keras.cache_info`); each worker also keeps the payload, to rebuild the
+    model after a cache eviction. Use it for inference; to train on a worker, submit a
+    ``make_picklable`` model instead, which gives each task its own copy.
 
     Example::
 
@@ -67,19 +74,16 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
     client.register_plugin(_ModelPlugin(key, shipment), name=key)
     logger.info("shipped %s to Dask workers: %.1f MB payload", key,
                 len(shipment.payload) / 2**20)
-    handle = DaskModel(key, len(shipment.payload))
-    handle._model, handle._client = model, client
-    return handle
+    return DaskModel(key, len(shipment.payload), model=model, client=client)
 
 
 class DaskModel:
     """A model shipped to Dask workers by :func:`ship`: ``.value`` is the model (the
     original on the driver, the cached rebuild in a worker process)."""
 
-    def __init__(self, key: str, nbytes: int) -> None:
+    def __init__(self, key: str, nbytes: int, *, model: Any = None, client: Any = None) -> None:
         self._key, self._nbytes = key, nbytes
-        self._model: Any = None
-        self._client: Any = None
+        self._model, self._client = model, client  # both None once unpickled
         self._signature: Signature | None = None
 
     @property

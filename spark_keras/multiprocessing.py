@@ -17,7 +17,7 @@ import multiprocessing
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 

@@ -59,3 +59,34 @@ def builds_by_worker(build_log: str, key: str) -> dict[tuple[str, int], int]:
     from spark_keras.cache import read_build_log
 
     return dict(Counter((r["host"], r["pid"]) for r in read_build_log(build_log) if r["key"] == key))
+
+
+def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
+    """``cache_info()`` from live Python workers, by pid. Spark keeps separate worker
+    pools for SQL (Arrow) and RDD tasks: ask the pool the scoring used. Passing a handle
+    ships it (and the keys of released handles) to every task."""
+    import json
+
+    import spark_keras as sk
+
+    if not sql:
+        def info(_):
+            if handle is not None:
+                handle.key  # noqa: B018
+            return sk.cache_info()
+
+        found = spark.sparkContext.parallelize(range(16), 16).map(info).collect()
+        return {i["pid"]: i for i in found}
+
+    import pyarrow as pa
+
+    def report(batches):
+        if handle is not None:
+            handle.key  # noqa: B018
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps(sk.cache_info())])], names=["info"])
+
+    rows = spark.range(16, numPartitions=16).mapInArrow(report, "info string").collect()
+    found = [json.loads(r.info) for r in rows]
+    return {i["pid"]: i for i in found}

@@ -13,7 +13,7 @@ from pyspark.ml.linalg import SparseVector, Vectors
 import spark_keras as sk
 
 from . import models
-from .conftest import builds_by_worker
+from .conftest import builds_by_worker, worker_cache_infos
 
 N_ROWS = 400
 PARTITIONS = 20
@@ -43,12 +43,6 @@ def assert_built_once_per_worker(build_log, key):
     assert all(n == 1 for n in builds.values()), builds
 
 
-def worker_cache_infos(spark):
-    """cache_info() from the live Python workers (many tiny tasks reach each of them)."""
-    infos = spark.sparkContext.parallelize(range(40), 40).map(lambda _: sk.cache_info()).collect()
-    return {i["pid"]: i for i in infos}
-
-
 def test_map_partitions_value_20_partitions_3_actions(spark, build_log, mlp_case):
     model, df, x, expected, _ = mlp_case
     bm = sk.BroadcastModel(spark, model)
@@ -67,7 +61,9 @@ def test_map_partitions_value_20_partitions_3_actions(spark, build_log, mlp_case
         assert len(out) == N_ROWS
         np.testing.assert_allclose([p for _, p, _ in out], expected, atol=1e-5)
     assert_built_once_per_worker(build_log, bm.key)
-    for info in worker_cache_infos(spark).values():
+    infos = worker_cache_infos(spark, sql=False)
+    assert any(bm.key in i["builds_by_key"] for i in infos.values())  # we reached them
+    for info in infos.values():
         assert info["builds_by_key"].get(bm.key, 0) <= 1
 
 
@@ -227,6 +223,7 @@ def test_destroy_releases_the_broadcast(spark):
     df = spark.createDataFrame([(i, [0.0, 0.0]) for i in range(8)], "id long, f array<float>").repartition(4)
     assert set(bm.transform(df, "f").toPandas()["prediction"]) == {4.0}
     key = bm.key
+    assert any(key in i["keys"] for i in worker_cache_infos(spark).values())  # cached in workers
     bm.destroy()
     with pytest.raises(sk.SparkKerasError, match="destroyed"):
         bm.value
@@ -235,14 +232,7 @@ def test_destroy_releases_the_broadcast(spark):
     # any later handle tells the workers to drop the destroyed model from their caches
     other = sk.BroadcastModel(spark, constant_model(5.0))
     assert set(other.transform(df, "f").toPandas()["prediction"]) == {5.0}
-    for info in worker_cache_infos_using(spark, other).values():
+    infos = worker_cache_infos(spark, other)
+    assert any(other.key in i["keys"] for i in infos.values())
+    for info in infos.values():
         assert key not in info["keys"]
-
-
-def worker_cache_infos_using(spark, handle):
-    def info(_):
-        handle.key  # noqa: B018 - the closure carries the handle to every task
-        return sk.cache_info()
-
-    infos = spark.sparkContext.parallelize(range(20), 20).map(info).collect()
-    return {i["pid"]: i for i in infos}

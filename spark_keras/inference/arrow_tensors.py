@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import ModelInputError
 from .signature import Signature, TensorSpec
@@ -97,13 +98,14 @@ def _vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> np.ndarray:
     n = len(arr)
     if n == 0:
         return np.zeros((0, spec.size))
-    kinds = arr.field("type").to_numpy(zero_copy_only=False)
-    values = arr.field("values")
+    fields = dict(zip((f.name for f in arr.type), arr.flatten()))  # offsets applied
+    kinds = fields["type"].to_numpy(zero_copy_only=False)
+    values = fields["values"]
     if np.all(kinds == 1):  # all dense: a list column in disguise
         flat, width = _list_values(name, values, spec)
         return _reshape(name, flat, width, n, spec)
     size = spec.size
-    sizes = arr.field("size").to_numpy(zero_copy_only=False)
+    sizes = fields["size"].to_numpy(zero_copy_only=False)
     dense = kinds == 1
     v_off = values.offsets.to_numpy().astype(np.int64)
     lengths = np.diff(v_off)
@@ -119,8 +121,8 @@ def _vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> np.ndarray:
     cols = position.copy()
     sparse_value = np.repeat(~dense, lengths)
     if sparse_value.any():
-        i_off = arr.field("indices").offsets.to_numpy().astype(np.int64)
-        i_flat = arr.field("indices").values.to_numpy(zero_copy_only=False)
+        i_off = fields["indices"].offsets.to_numpy().astype(np.int64)
+        i_flat = fields["indices"].values.to_numpy(zero_copy_only=False)
         where = (np.repeat(i_off[:-1], lengths) + position)[sparse_value]
         cols[sparse_value] = i_flat[where]
         if np.any((cols < 0) | (cols >= size)):
@@ -155,13 +157,89 @@ def column_to_tensor(name: str, arr: pa.Array, spec: TensorSpec) -> np.ndarray:
     else:
         _check_no_nulls(name, arr, spec)
         out = _reshape(name, _numbers(name, arr, spec), 1, n, spec)
+    _check_finite(name, out, spec)
     return out.astype(spec.dtype, copy=False)
 
 
-def columns_to_inputs(names: Sequence[str], arrays: Sequence[pa.Array],
-                      signature: Signature) -> list[np.ndarray]:
+def _check_finite(name: str, values: np.ndarray, spec: TensorSpec) -> None:
+    if values.dtype.kind != "f" or np.isfinite(values).all():
+        return
+    bad_rows = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    row = int(np.argmax(bad_rows))
+    raise ModelInputError(
+        f"column {name!r}: NaN or infinite value(s) in {int(bad_rows.sum())} row(s), first at row "
+        f"{row} of this batch; the model input {spec.name!r} expects finite {spec.describe()} "
+        f"(use on_invalid='null' to give such rows a null prediction)")
+
+
+def invalid_rows(name: str, arr: pa.Array, spec: TensorSpec) -> np.ndarray:
+    """Rows that cannot be scored: nulls at any level, a wrong number of values, NaN/inf.
+
+    Column-level problems (a string column, say) are not row problems: they still raise.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    kind = _kind(arr.type)
+    bad = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if kind == "vector":
+        arr = dict(zip((f.name for f in arr.type), arr.flatten()))["values"]  # dense/sparse values
+    rows = np.arange(n)
+    counts = np.ones(n, dtype=np.int64)
+    while _kind(arr.type) == "list":
+        bad |= np.bincount(rows, weights=np.asarray(arr.is_null().to_numpy(zero_copy_only=False)),
+                           minlength=n).astype(bool)
+        parents = pc.list_parent_indices(arr).to_numpy()
+        rows = rows[parents]
+        arr = pc.list_flatten(arr)
+        counts = np.bincount(rows, minlength=n)
+    if _kind(arr.type) != "number":
+        _numbers(name, arr, spec)  # raises: not a row problem
+    leaf_bad = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    values = arr.to_numpy(zero_copy_only=False)
+    if values.dtype.kind == "f":
+        leaf_bad |= ~np.isfinite(values)
+    bad |= np.bincount(rows, weights=leaf_bad, minlength=n).astype(bool)
+    if kind != "vector":  # a sparse vector stores fewer values than its size
+        bad |= counts != (spec.size if kind == "list" else 1)
+    return bad
+
+
+ON_INVALID = ("error", "null")
+
+
+def columns_to_inputs(names: Sequence[str], arrays: Sequence[pa.Array], signature: Signature,
+                      on_invalid: str = "error") -> tuple[list[np.ndarray], np.ndarray | None]:
     """Model inputs from columns: one column per input, or scalar columns stacked into
-    the features of a single-input model."""
+    the features of a single-input model.
+
+    With ``on_invalid="error"`` a bad row raises :class:`ModelInputError`; with ``"null"``
+    bad rows are left out and the returned mask (True = invalid) says which they were.
+    """
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    if on_invalid == "null" and len(arrays) and len(arrays[0]):
+        specs = _column_specs(names, arrays, signature)
+        mask = np.zeros(len(arrays[0]), dtype=bool)
+        for name, arr, spec in zip(names, arrays, specs):
+            mask |= invalid_rows(name, arr, spec)
+        if mask.any():
+            keep = pa.array(~mask)
+            arrays = [a.filter(keep) for a in arrays]
+            return _columns_to_inputs(names, arrays, signature), mask
+    return _columns_to_inputs(names, arrays, signature), None
+
+
+def _column_specs(names: Sequence[str], arrays: Sequence[pa.Array],
+                  signature: Signature) -> list[TensorSpec]:
+    inputs = signature.inputs
+    if len(arrays) == len(inputs):
+        return list(inputs)
+    return [TensorSpec(inputs[0].name, (), inputs[0].dtype)] * len(arrays)
+
+
+def _columns_to_inputs(names: Sequence[str], arrays: Sequence[pa.Array],
+                       signature: Signature) -> list[np.ndarray]:
     inputs = signature.inputs
     if len(arrays) == len(inputs):
         return [column_to_tensor(n, a, s) for n, a, s in zip(names, arrays, inputs)]
@@ -203,22 +281,33 @@ def is_scalar_output(spec: TensorSpec) -> bool:
     return spec.size == 1 and len(spec.shape) <= 1
 
 
-def tensor_to_arrow(values: np.ndarray, spec: TensorSpec) -> pa.Array:
-    """A (n, *shape) output as an Arrow column: a scalar column or nested lists."""
+def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | None = None
+                    ) -> pa.Array:
+    """A (n, *shape) output as an Arrow column: a scalar column or nested lists. With an
+    ``invalid`` mask (over all rows; ``values`` holds the valid ones), invalid rows are null."""
     values = np.ascontiguousarray(values, dtype=stored_dtype(spec.dtype))
+    if invalid is not None:
+        full = np.zeros((len(invalid), *values.shape[1:]), dtype=values.dtype)
+        full[~invalid] = values
+        values = full
     n = values.shape[0]
+    mask = pa.array(invalid) if invalid is not None else None
     if is_scalar_output(spec):
-        return pa.array(values.reshape(n))
+        return pa.array(values.reshape(n), mask=invalid)
     arr: pa.Array = pa.array(values.reshape(-1))
-    for width in reversed(spec.shape):
+    for level, width in enumerate(reversed(spec.shape)):
         count = len(arr) // width
         offsets = pa.array(np.arange(0, (count + 1) * width, width, dtype=np.int32))
-        arr = pa.ListArray.from_arrays(offsets, arr)
+        outermost = level == len(spec.shape) - 1
+        arr = pa.ListArray.from_arrays(offsets, arr, mask=mask if outermost else None)
     return arr
 
 
-def outputs_to_arrow(outputs: Sequence[np.ndarray], signature: Signature) -> pa.Array:
-    arrays = [tensor_to_arrow(o, s) for o, s in zip(outputs, signature.outputs)]
+def outputs_to_arrow(outputs: Sequence[np.ndarray], signature: Signature,
+                     invalid: np.ndarray | None = None) -> pa.Array:
+    """One Arrow column of predictions (a struct for multi-output models)."""
     if signature.output_names is None:
-        return arrays[0]
-    return pa.StructArray.from_arrays(arrays, names=list(signature.output_names))
+        return tensor_to_arrow(outputs[0], signature.outputs[0], invalid)
+    arrays = [tensor_to_arrow(o, s, invalid) for o, s in zip(outputs, signature.outputs)]
+    mask = pa.array(invalid) if invalid is not None else None
+    return pa.StructArray.from_arrays(arrays, names=list(signature.output_names), mask=mask)

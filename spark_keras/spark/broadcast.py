@@ -113,7 +113,8 @@ class BroadcastModel:
 
     # --- inference helpers -----------------------------------------------------------
 
-    def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE):
+    def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                    on_invalid: str = "error"):
         """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
 
         Columns: one array/Vector/scalar column per model input, or several scalar columns
@@ -121,30 +122,38 @@ class BroadcastModel:
         for a single-unit output, (nested) arrays for vector outputs, a struct with one
         field per output for multi-output models; ``return_type`` overrides it.
         Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before.
+
+        ``on_invalid="error"`` (default) fails the task on a null, NaN/inf or wrongly
+        shaped row, naming the column and row; ``"null"`` gives such rows a null
+        prediction and scores the rest. The row count never changes.
         """
         from .scoring import PredictUDF
 
-        return PredictUDF(self, return_type=return_type, batch_size=batch_size)
+        return PredictUDF(self, return_type=return_type, batch_size=batch_size,
+                          on_invalid=on_invalid)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
-                  *, batch_size: int = DEFAULT_BATCH_SIZE) -> Any:
+                  *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error") -> Any:
         """``df`` with every column kept plus ``output_col`` (a struct for multi-output
-        models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion."""
+        models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion.
+        ``on_invalid`` as in :meth:`predict_udf`."""
         from .scoring import transform
 
-        return transform(self, df, input_cols, output_col, batch_size=batch_size)
+        return transform(self, df, input_cols, output_col, batch_size=batch_size,
+                         on_invalid=on_invalid)
 
-    def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE
-                          ) -> Iterator[Any]:
+    def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
+                          on_invalid: str = "error") -> Iterator[Any]:
         """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
 
         A row is a feature array/list/Vector, a tuple/Row with one value per model input,
         or a dict keyed by input name. Predictions are floats for single-unit outputs,
-        numpy arrays otherwise, dicts for multi-output models.
+        numpy arrays otherwise, dicts for multi-output models; ``None`` for invalid rows
+        when ``on_invalid="null"``.
         """
         from .scoring import predict_rows
 
-        return predict_rows(self, rows, batch_size=batch_size)
+        return predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid)
 
     # --- lifecycle -----------------------------------------------------------------------
 

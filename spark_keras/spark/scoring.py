@@ -4,13 +4,19 @@ model call in batches -> Arrow/numpy outputs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, Tuple
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import ModelInputError
-from ..inference.arrow_tensors import columns_to_inputs, is_scalar_output, outputs_to_arrow
+from ..inference.arrow_tensors import (
+    ON_INVALID,
+    columns_to_inputs,
+    is_scalar_output,
+    outputs_to_arrow,
+)
 from ..inference.predictor import Predictor
 from .types import prediction_type
 
@@ -19,14 +25,16 @@ if TYPE_CHECKING:
 
 
 def predict_arrow(predictor: Predictor, names: Sequence[str], arrays: Sequence[pa.Array],
-                  batch_size: int) -> pa.Array:
-    """Predictions for one Arrow batch of input columns, as one Arrow column."""
+                  batch_size: int, on_invalid: str = "error") -> pa.Array:
+    """Predictions for one Arrow batch of input columns, as one Arrow column (null for
+    invalid rows when ``on_invalid="null"``; the row count never changes)."""
     sig = predictor.signature
-    if len(arrays[0]) == 0:
-        empty = [np.zeros((0, *s.shape), dtype="float32") for s in sig.outputs]
-        return outputs_to_arrow(empty, sig)
-    inputs = columns_to_inputs(names, arrays, sig)
-    return outputs_to_arrow(predictor(inputs, batch_size), sig)
+    inputs, invalid = columns_to_inputs(names, arrays, sig, on_invalid)
+    if len(inputs[0]) == 0:
+        outputs = [np.zeros((0, *s.shape), dtype="float32") for s in sig.outputs]
+    else:
+        outputs = predictor(inputs, batch_size)
+    return outputs_to_arrow(outputs, sig, invalid)
 
 
 def _column_name(col: Any) -> str:
@@ -44,29 +52,33 @@ class PredictUDF:
     """
 
     def __init__(self, handle: "BroadcastModel", *, return_type: Any = None,
-                 batch_size: int) -> None:
+                 batch_size: int, on_invalid: str = "error") -> None:
+        if on_invalid not in ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
         self.handle = handle
         self.returnType = return_type if return_type is not None else prediction_type(handle.signature)
         self.batch_size = int(batch_size)
+        self.on_invalid = on_invalid
 
     def __call__(self, *cols: Any) -> Any:
         if not cols:
             raise ModelInputError("predict_udf needs at least one input column")
         names = [_column_name(c) for c in cols]
-        return _make_udf(self.handle, names, self.returnType, self.batch_size)(*cols)
+        score = functools.partial(predict_arrow, batch_size=self.batch_size, on_invalid=self.on_invalid)
+        return _make_udf(self.handle, names, self.returnType, score)(*cols)
 
 
-def _make_udf(handle: "BroadcastModel", names: list[str], return_type: Any, batch_size: int):
+def _make_udf(handle: "BroadcastModel", names: list[str], return_type: Any, score: Callable):
     try:
         from pyspark.sql.pandas.functions import arrow_udf
     except ImportError:  # PySpark < 4.1: pandas UDF
-        return _make_pandas_udf(handle, names, return_type, batch_size)
+        return _make_pandas_udf(handle, names, return_type, score)
 
     def predict(batches):
         predictor = handle.predictor
         for batch in batches:
             arrays = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-            yield predict_arrow(predictor, names, arrays, batch_size)
+            yield score(predictor, names, arrays)
 
     # arrow_udf reads the UDF kind from type hints (iterator of arrays, or of tuples)
     item = pa.Array if len(names) == 1 else Tuple[pa.Array, ...]
@@ -75,7 +87,7 @@ def _make_udf(handle: "BroadcastModel", names: list[str], return_type: Any, batc
 
 
 def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: Any,
-                     batch_size: int):
+                     score: Callable):
     from pyspark.sql.functions import PandasUDFType, pandas_udf
 
     def predict(batches: Iterator[Any]) -> Iterator[Any]:
@@ -83,7 +95,7 @@ def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: An
         for batch in batches:
             series = list(batch) if isinstance(batch, (tuple, list)) else [batch]
             arrays = [_series_to_arrow(name, s) for name, s in zip(names, series)]
-            out = predict_arrow(predictor, names, arrays, batch_size)
+            out = score(predictor, names, arrays)
             if isinstance(out, pa.StructArray):
                 yield pa.Table.from_arrays(out.flatten(), names=[f.name for f in out.type]).to_pandas()
             else:
@@ -110,9 +122,11 @@ def _series_to_arrow(name: str, series: Any) -> pa.Array:
 
 
 def transform(handle: "BroadcastModel", df: Any, input_cols: str | Sequence[str],
-              output_col: str, *, batch_size: int) -> Any:
+              output_col: str, *, batch_size: int, on_invalid: str = "error") -> Any:
     from pyspark.sql.types import StructField, StructType
 
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     missing = [c for c in names if c not in df.columns]
     if missing:
@@ -125,26 +139,28 @@ def transform(handle: "BroadcastModel", df: Any, input_cols: str | Sequence[str]
         predictor = handle.predictor
         for batch in batches:
             arrays = [batch.column(c) for c in names]
-            prediction = predict_arrow(predictor, names, arrays, batch_size)
+            prediction = predict_arrow(predictor, names, arrays, batch_size, on_invalid)
             yield pa.RecordBatch.from_arrays([*batch.columns, prediction],
                                              names=[*batch.schema.names, output_col])
 
     return df.mapInArrow(score, schema)
 
 
-def predict_rows(handle: "BroadcastModel", rows: Iterable[Any], *, batch_size: int
-                 ) -> Iterator[Any]:
+def predict_rows(handle: "BroadcastModel", rows: Iterable[Any], *, batch_size: int,
+                 on_invalid: str = "error") -> Iterator[Any]:
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
     predictor = handle.predictor
     buffer: list[Any] = []
     position = 0
     for row in rows:
         buffer.append(row)
         if len(buffer) >= batch_size:
-            yield from _predict_row_batch(predictor, buffer, position, batch_size)
+            yield from _predict_row_batch(predictor, buffer, position, batch_size, on_invalid)
             position += len(buffer)
             buffer = []
     if buffer:
-        yield from _predict_row_batch(predictor, buffer, position, batch_size)
+        yield from _predict_row_batch(predictor, buffer, position, batch_size, on_invalid)
 
 
 def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str]) -> list[Any]:
@@ -163,35 +179,51 @@ def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str]) -> list[Any]
     return [row]
 
 
-def _predict_row_batch(predictor: Predictor, rows: list[Any], start: int,
-                       batch_size: int) -> Iterator[Any]:
+def _row_inputs(parts: list[Any], sig: Any, where: str) -> list[np.ndarray]:
+    """One row's model inputs; raises ModelInputError saying what is wrong."""
+    names = [spec.name for spec in sig.inputs]
+    if len(parts) != len(sig.inputs):
+        raise ModelInputError(f"{where} has {len(parts)} parts; the model has inputs {names}")
+    arrays = []
+    for value, spec in zip(parts, sig.inputs):
+        if value is None:
+            raise ModelInputError(f"{where}: input {spec.name!r} is null; expected {spec.describe()}")
+        try:
+            arr = np.asarray(value, dtype=spec.dtype)
+        except (TypeError, ValueError) as exc:
+            raise ModelInputError(f"{where}: input {spec.name!r} is not numeric ({exc}); "
+                                  f"expected {spec.describe()}") from exc
+        if arr.size != spec.size:
+            raise ModelInputError(f"{where}: input {spec.name!r} has {arr.size} values, "
+                                  f"expected {spec.describe()}")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise ModelInputError(f"{where}: input {spec.name!r} has NaN or infinite values")
+        arrays.append(arr.reshape(spec.shape))
+    return arrays
+
+
+def _predict_row_batch(predictor: Predictor, rows: list[Any], start: int, batch_size: int,
+                       on_invalid: str) -> Iterator[Any]:
     sig = predictor.signature
     names = [s.name for s in sig.inputs]
-    parts = [_row_parts(r, len(sig.inputs), names) for r in rows]
-    inputs = []
-    for i, spec in enumerate(sig.inputs):
-        rows_i = []
-        for j, p in enumerate(parts):
-            if len(p) != len(sig.inputs):
-                raise ModelInputError(f"row {start + j} of this partition has {len(p)} parts; "
-                                      f"the model has inputs {names}")
-            value = p[i]
-            if value is None:
-                raise ModelInputError(f"row {start + j} of this partition: input {spec.name!r} "
-                                      f"is null; expected {spec.describe()}")
-            try:
-                arr = np.asarray(value, dtype=spec.dtype)
-            except (TypeError, ValueError) as exc:
-                raise ModelInputError(f"row {start + j} of this partition: input {spec.name!r} "
-                                      f"is not numeric ({exc}); expected {spec.describe()}") from exc
-            if arr.size != spec.size:
-                raise ModelInputError(f"row {start + j} of this partition: input {spec.name!r} "
-                                      f"has {arr.size} values, expected {spec.describe()}")
-            rows_i.append(arr.reshape(spec.shape))
-        inputs.append(np.stack(rows_i))
-    outputs = predictor(inputs, batch_size)
-    for j in range(len(rows)):
-        values = [_row_value(o[j], s) for o, s in zip(outputs, sig.outputs)]
+    converted: list[list[np.ndarray] | None] = []
+    for j, row in enumerate(rows):
+        try:
+            converted.append(_row_inputs(_row_parts(row, len(names), names), sig,
+                                         f"row {start + j} of this partition"))
+        except ModelInputError:
+            if on_invalid == "error":
+                raise
+            converted.append(None)
+    valid = [c for c in converted if c is not None]
+    outputs = predictor([np.stack(parts) for parts in zip(*valid)], batch_size) if valid else []
+    k = 0
+    for parts in converted:
+        if parts is None:
+            yield None
+            continue
+        values = [_row_value(o[k], s) for o, s in zip(outputs, sig.outputs)]
+        k += 1
         yield dict(zip(sig.output_names, values)) if sig.output_names else values[0]
 
 

@@ -1,0 +1,113 @@
+"""Arrow columns <-> model tensors, without Spark: shapes, dtypes, errors, the null policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_keras import ModelInputError
+from spark_keras.inference.arrow_tensors import columns_to_inputs, outputs_to_arrow
+from spark_keras.inference.signature import Signature, TensorSpec
+
+ONE = Signature((TensorSpec("x", (3,), "float32"),), (TensorSpec("prediction", (1,), "float32"),), None, None)
+IMAGE = Signature((TensorSpec("img", (2, 2), "float32"),), (TensorSpec("prediction", (2,), "float32"),), None, None)
+MULTI_OUT = Signature((TensorSpec("x", (3,), "float32"),),
+                      (TensorSpec("score", (1,), "float32"), TensorSpec("probs", (2,), "float32")),
+                      None, ("score", "probs"))
+
+
+def inputs(arrays, sig=ONE, names=None, on_invalid="error"):
+    names = names or [f"c{i}" for i in range(len(arrays))]
+    return columns_to_inputs(names, arrays, sig, on_invalid)
+
+
+def test_list_column_is_reshaped_without_copy():
+    values = pa.array(np.arange(6, dtype="float32"))
+    col = pa.ListArray.from_arrays(pa.array([0, 3, 6], pa.int32()), values)
+    (x,), invalid = inputs([col])
+    assert invalid is None and x.shape == (2, 3) and x.dtype == np.float32
+    assert np.shares_memory(x, values.to_numpy())
+
+
+def test_nested_and_fixed_size_lists():
+    nested = pa.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]]], pa.list_(pa.list_(pa.float64())))
+    (x,), _ = inputs([nested], IMAGE)
+    np.testing.assert_array_equal(x, np.arange(1, 9).reshape(2, 2, 2))
+    flat = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8, dtype="float32")), 4)
+    (y,), _ = inputs([flat], IMAGE)
+    np.testing.assert_array_equal(y, np.arange(8).reshape(2, 2, 2))
+
+
+def test_sliced_list_column():
+    col = pa.array([[9, 9, 9], [1, 2, 3], [4, 5, 6]], pa.list_(pa.float32())).slice(1)
+    (x,), _ = inputs([col])
+    np.testing.assert_array_equal(x, [[1, 2, 3], [4, 5, 6]])
+
+
+def test_scalar_columns_are_stacked():
+    cols = [pa.array([1.0, 4.0]), pa.array([2, 5]), pa.array([3.0, 6.0], pa.float32())]
+    (x,), _ = inputs(cols, names=["a", "b", "c"])
+    np.testing.assert_array_equal(x, [[1, 2, 3], [4, 5, 6]])
+
+
+@pytest.mark.parametrize("col, pattern", [
+    (pa.array([[1, 2, 3], [1, 2]], pa.list_(pa.float32())), r"column 'feat'.*ragged.*row 1.*has 2.*\(3,\)"),
+    (pa.array([[1, 2], [1, 2]], pa.list_(pa.float32())), r"column 'feat'.*2 values.*\(3,\)"),
+    (pa.array([[1, 2, 3], None], pa.list_(pa.float32())), r"column 'feat'.*null.*row 1"),
+    (pa.array([[1, None, 3]], pa.list_(pa.float32())), r"column 'feat'.*null"),
+    (pa.array([[1, 2, 3], [1, float("nan"), 3]], pa.list_(pa.float32())), r"column 'feat'.*NaN.*row 1"),
+    (pa.array([[1, 2, 3], [1, float("inf"), 3]], pa.list_(pa.float32())), r"column 'feat'.*infinite"),
+    (pa.array(["a", "b"]), r"column 'feat' has type string"),
+    (pa.array([True, False]), r"column 'feat' has type bool"),
+    (pa.array([["a", "b", "c"]], pa.list_(pa.string())), r"column 'feat' holds arrays of string"),
+])
+def test_bad_input_names_column_row_and_shape(col, pattern):
+    with pytest.raises(ModelInputError, match=pattern):
+        inputs([col], names=["feat"])
+
+
+def test_wrong_column_count():
+    with pytest.raises(ModelInputError, match="2 columns.*3 scalar columns"):
+        inputs([pa.array([1.0]), pa.array([2.0])], names=["a", "b"])
+    with pytest.raises(ModelInputError, match="column 'b' has type string"):
+        inputs([pa.array([1.0]), pa.array(["x"]), pa.array([2.0])], names=["a", "b", "c"])
+
+
+def vector_struct(rows):
+    """ML Vectors in their Arrow form: struct<type, size, indices, values>."""
+    return pa.array(rows, pa.struct([("type", pa.int8()), ("size", pa.int32()),
+                                     ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))]))
+
+
+def test_dense_and_sparse_vectors():
+    col = vector_struct([
+        {"type": 1, "size": None, "indices": None, "values": [1.0, 2.0, 3.0]},
+        {"type": 0, "size": 3, "indices": [2], "values": [7.0]},
+        {"type": 0, "size": 3, "indices": [], "values": []},
+    ])
+    (x,), _ = inputs([col])
+    np.testing.assert_array_equal(x, [[1, 2, 3], [0, 0, 7], [0, 0, 0]])
+    with pytest.raises(ModelInputError, match="sparse vector at row 0.*size 4"):
+        inputs([vector_struct([{"type": 0, "size": 4, "indices": [0], "values": [1.0]}])])
+
+
+def test_null_policy_scores_valid_rows_and_nulls_the_rest():
+    col = pa.array([[1, 2, 3], None, [1, 2], [1, float("nan"), 3], [4, 5, 6]], pa.list_(pa.float32()))
+    (x,), invalid = inputs([col], on_invalid="null")
+    np.testing.assert_array_equal(invalid, [False, True, True, True, False])
+    np.testing.assert_array_equal(x, [[1, 2, 3], [4, 5, 6]])
+    out = outputs_to_arrow([np.array([[10.0], [20.0]])], ONE, invalid)
+    assert out.to_pylist() == [10.0, None, None, None, 20.0]
+    struct = outputs_to_arrow([np.array([[1.0], [2.0]]), np.array([[0.1, 0.9], [0.2, 0.8]])], MULTI_OUT, invalid)
+    assert len(struct) == 5 and struct.null_count == 3
+    assert struct.to_pylist()[4]["probs"] == pytest.approx([0.2, 0.8])
+    with pytest.raises(ModelInputError, match="has type string"):  # a column problem still raises
+        inputs([pa.array(["a"])], on_invalid="null")
+
+
+def test_outputs_as_arrow_types():
+    out = outputs_to_arrow([np.ones((2, 2), "float32")], IMAGE)
+    assert out.type == pa.list_(pa.float32()) and out.to_pylist() == [[1, 1], [1, 1]]
+    scalar = outputs_to_arrow([np.ones((2, 1), "float32")], ONE)
+    assert scalar.type == pa.float32()
