@@ -31,7 +31,12 @@ demo: check-java $(STAMP)
 	$(PY) jobs/demo.py
 
 bench: check-java $(STAMP)
-	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench --write $(BENCH_ARGS)
+
+# Coverage-guided fuzzing of the payload reader (atheris); FUZZ_SECONDS=300 by default.
+fuzz: $(STAMP)
+	$(PY) -m pip install --quiet atheris==3.0.0
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} $(PY) fuzz/atheris_payload.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out

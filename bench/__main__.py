@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import report  # noqa: E402
 
-SECTIONS = ("payload", "scoring")
+SECTIONS = ("payload", "scoring", "dask")
 
 
 def machine() -> str:
@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + "\n".join(f"{k}: {v:.1f}" for k, v in facts.items()))
         for line in report.scoring_targets(rows, facts):
             print(line)
+    if "dask" in sections:
+        from . import dask_bench
+
+        rows = dask_bench.run(repeats=1 if args.quick else args.repeats)
+        results["dask"] = rows
+        print("\n## Dask: client.submit(f, model), Keras pickling vs payload vs ship()\n")
+        print(report.table(rows))
     results["seconds"] = time.perf_counter() - started
     print(f"\nbench finished in {results['seconds']:.0f}s")
     if args.write:

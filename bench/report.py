@@ -113,5 +113,11 @@ def write_docs(results: dict) -> None:
         lines += [f"- {line}" for line in scoring_targets(results["scoring"], results["facts"])]
         lines += ["", "Facts: " + ", ".join(f"{k} = {v:.1f}" for k, v in results["facts"].items()), ""]
         plot(results["scoring"], os.path.join(docs, "benchmarks.png"))
+    if "dask" in results:
+        lines += ["## Dask: sending a model to a task", "",
+                  "Seconds per `client.submit(f, model).result()` on a 2-worker LocalCluster: "
+                  "Keras's own pickling, `make_picklable` (the payload), and a `ship()` handle "
+                  "(first call builds, later calls hit the worker's cache).", "",
+                  table(results["dask"]), ""]
     with open(os.path.join(docs, "benchmarks.md"), "w") as f:
         f.write("\n".join(lines))

@@ -34,8 +34,8 @@ except ImportError as exc:  # pragma: no cover
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
 from .inference.predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
-from .inference.signature import Signature, TensorSpec, signature_of
-from .multiprocessing import Shipment, model_outputs
+from .inference.signature import Signature, TensorSpec, model_outputs, signature_of
+from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
 

@@ -6,8 +6,8 @@
 * :func:`pool_predict` scores arrays in a process pool whose initializer receives the
   payload once per process; every task then uses that process's cached model.
 
-:class:`Shipment` (a payload plus the custom objects needed to rebuild it) is also how
-:mod:`spark_keras.dask` ships models to Dask workers.
+Models travel as a :class:`~spark_keras.payload.shipment.Shipment`, as they do to Spark
+executors and Dask workers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import logging
 import multiprocessing
 import os
 import uuid
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,57 +23,12 @@ import numpy as np
 from .cache import model_cache
 from .errors import ModelInputError
 from .inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
-from .inference.signature import Signature, signature_of
+from .inference.signature import model_outputs, signature_of
+from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
 
-__all__ = ["pool_predict", "Shipment", "model_outputs"]
-
-
-@dataclass(frozen=True, repr=False)
-class Shipment:
-    """A model on its way to other processes: its payload, the custom classes and
-    functions it needs (cloudpickled: ``__main__`` classes travel by value) and the
-    ``safe_mode`` to rebuild it with. Pickles as plain bytes; :meth:`build` rebuilds."""
-
-    payload: bytes
-    objects: bytes
-    safe_mode: bool = True
-
-    @classmethod
-    def of(cls, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
-           safe_mode: bool = True) -> "Shipment":
-        """Pack ``model`` (its custom objects found in it, plus ``custom_objects``)."""
-        import cloudpickle
-
-        from .payload import dumps
-        from .payload.pickling import referenced_objects
-
-        objects = dict(referenced_objects(model))
-        objects.update(custom_objects or {})
-        return cls(dumps(model, custom_objects=custom_objects),
-                   cloudpickle.dumps(objects) if objects else b"", safe_mode)
-
-    def build(self) -> tuple[Any, int]:
-        """``(model, payload size)``: the signature :meth:`ModelCache.get_or_build` wants."""
-        import pickle
-
-        from .payload import loads
-
-        objects = pickle.loads(self.objects) if self.objects else None
-        return loads(self.payload, custom_objects=objects, safe_mode=self.safe_mode), \
-            len(self.payload)
-
-    def __repr__(self) -> str:
-        return f"Shipment({len(self.payload) / 2**20:.1f} MB payload)"
-
-
-def model_outputs(outputs: list[Any], signature: Signature) -> Any:
-    """Flat outputs (signature order) shaped like the model's: one array for a
-    single-output model, a dict keyed by output name otherwise."""
-    if signature.output_names is None:
-        return outputs[0]
-    return dict(zip(signature.output_names, outputs))
+__all__ = ["pool_predict"]
 
 
 def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,

@@ -52,3 +52,46 @@ def test_two_executors_build_once_per_worker_and_match_the_driver(cluster, build
     assert builds and all(n == 1 for n in builds.values()), builds
     pids_that_scored = {pid for _, pid, _ in parts}
     assert pids_that_scored <= {pid for _, pid in builds}
+
+
+def test_worker_killed_mid_job_every_row_exactly_once(cluster, build_log):
+    """SIGKILL the first Python worker that builds the model, while the job runs: Spark
+    retries its task and the output still has every row once, with correct predictions."""
+    import signal
+    import threading
+    import time
+
+    from spark_keras.cache import read_build_log
+
+    model = models.actor_cnn()
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((96, 120, 160, 2)).astype("float32")
+    df = cluster.createDataFrame([(i, x[i].reshape(-1).tolist()) for i in range(len(x))],
+                                 "id long, obs array<float>").repartition(24).cache()
+    df.count()
+    bm = sk.BroadcastModel(cluster, model)
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.time() + 240
+        while time.time() < deadline and not killed:
+            records = [r for r in read_build_log(build_log) if r["key"] == bm.key]
+            if records:
+                pid = records[0]["pid"]
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    out = bm.transform(df, "obs", batch_size=4).select("id", "prediction").toPandas()
+    thread.join(5)
+    assert killed, "the killer never found a worker to kill"
+    assert sorted(out["id"]) == list(range(len(x)))  # every row, exactly once
+    got = np.stack(out.sort_values("id")["prediction"].to_numpy())
+    np.testing.assert_allclose(got, np.asarray(model(x)), atol=1e-5)
+    builders = builds_by_worker(build_log, bm.key)
+    assert any(pid != killed[0] for _, pid in builders)  # another worker took over

@@ -3,6 +3,7 @@ local Spark."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -88,12 +89,13 @@ def test_dropped_broadcast_value_rebuilds_transparently(spark, build_log):
 def test_flavour_mismatch_is_reported_on_the_executor(spark):
     model = models.mlp(n_features=4)
     bm = sk.BroadcastModel(spark, model)
-    payload, objects, safe = bm._broadcast.value
+    shipment = bm._broadcast.value
 
     def as_tf_keras(header):
         header["keras"].update(flavour="tf_keras", version="2.21.0")
 
-    bm._broadcast = spark.sparkContext.broadcast((rewrite_header(payload, as_tf_keras), objects, safe))
+    edited = dataclasses.replace(shipment, payload=rewrite_header(shipment.payload, as_tf_keras))
+    bm._broadcast = spark.sparkContext.broadcast(edited)
     bm._model = None  # behave like a handle whose driver copy is gone: build from the payload
     df = spark.createDataFrame([(1, [1.0] * 4)], "id long, f array<float>")
     with pytest.raises(Exception, match=r"tf_keras.*2\.21\.0.*keras3.*3\.\d+.*TF_USE_LEGACY_KERAS"):

@@ -89,3 +89,11 @@ def signature_of(model: Any) -> Signature:
                    _known(t.shape, "output"), str(t.dtype))
         for i, t in enumerate(out_tensors))
     return Signature(inputs, outputs, input_structure, out_names)
+
+
+def model_outputs(outputs: list[Any], signature: Signature) -> Any:
+    """Flat outputs (signature order) shaped like the model's: one array for a
+    single-output model, a dict keyed by output name otherwise."""
+    if signature.output_names is None:
+        return outputs[0]
+    return dict(zip(signature.output_names, outputs))

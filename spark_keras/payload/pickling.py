@@ -53,11 +53,17 @@ def _reduce_ex(model: Any, protocol: int = 2) -> tuple:
                  include_optimizer=options["include_optimizer"])
     objects = dict(referenced_objects(model))
     objects.update(options["custom_objects"])
-    return (_unpickle, (data, objects, options["safe_mode"]))
+    return (_unpickle, (data, objects, options["safe_mode"], options["include_optimizer"]))
 
 
-def _unpickle(data: bytes, objects: dict[str, Any], safe_mode: bool) -> Any:
-    return loads(data, custom_objects=objects, safe_mode=safe_mode)
+def _unpickle(data: bytes, objects: dict[str, Any], safe_mode: bool,
+              include_optimizer: bool = True) -> Any:
+    # The copy stays picklable the same way: a second hop (Dask's scheduler re-pickles
+    # every task for its worker; a child returning the model) must not fall back to
+    # Keras's own pickling, which is slower and loses classes defined in __main__.
+    return make_picklable(loads(data, custom_objects=objects, safe_mode=safe_mode),
+                          custom_objects=objects, include_optimizer=include_optimizer,
+                          safe_mode=safe_mode)
 
 
 def referenced_objects(model: Any) -> Iterator[tuple[str, Any]]:

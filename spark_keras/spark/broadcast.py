@@ -12,6 +12,7 @@ from ..cache import model_cache
 from ..errors import SparkKerasError
 from ..inference.predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
 from ..inference.signature import Signature, signature_of
+from ..payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
 
@@ -49,20 +50,15 @@ class BroadcastModel:
 
     def __init__(self, spark: Any, model_or_path: Any, *,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True) -> None:
-        import cloudpickle
-
-        from ..payload.pickling import referenced_objects
-
         sc = getattr(spark, "sparkContext", spark)
         model, payload = _model_and_payload(model_or_path, custom_objects, safe_mode)
-        objects = dict(referenced_objects(model))
-        objects.update(custom_objects or {})
-        shipped_objects = cloudpickle.dumps(objects) if objects else b""
+        shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
+                               payload=payload)
         self._key = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
         self._model: Any = model
         self._nbytes = len(payload)
         self._signature: Signature | None = None
-        self._broadcast = sc.broadcast((payload, shipped_objects, safe_mode))
+        self._broadcast = sc.broadcast(shipment)
         self._released = False
         logger.info("broadcast %s: %.1f MB payload", self._key, self._nbytes / 2**20)
 
@@ -88,16 +84,9 @@ class BroadcastModel:
         return model_cache.get_or_build(self._key, self._build).value
 
     def _build(self) -> tuple[Any, int]:
-        import cloudpickle
-
-        from ..payload import loads
-
-        payload, shipped_objects, safe_mode = self._broadcast.value
-        objects = cloudpickle.loads(shipped_objects) if shipped_objects else None
-        model = loads(payload, custom_objects=objects, safe_mode=safe_mode)
-        del payload
+        built = self._broadcast.value.build()
         _forget_loaded_value(self._broadcast)
-        return model, self._nbytes
+        return built
 
     @property
     def signature(self) -> Signature:
