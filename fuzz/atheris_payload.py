@@ -14,7 +14,6 @@ import atheris
 
 with atheris.instrument_imports():
     import spark_keras as sk
-    from spark_keras.payload import format as fmt
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuzz import payload_mutations as mut  # noqa: E402

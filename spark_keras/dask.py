@@ -33,8 +33,9 @@ except ImportError as exc:  # pragma: no cover
 
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
-from .inference.predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
-from .inference.signature import Signature, TensorSpec, model_outputs, signature_of
+from .handle import ModelHandle
+from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.signature import Signature, TensorSpec, model_outputs
 from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
@@ -77,7 +78,7 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
     return DaskModel(key, len(shipment.payload), model=model, client=client)
 
 
-class DaskModel:
+class DaskModel(ModelHandle):
     """A model shipped to Dask workers by :func:`ship`: ``.value`` is the model (the
     original on the driver, the cached rebuild in a worker process)."""
 
@@ -86,40 +87,8 @@ class DaskModel:
         self._model, self._client = model, client  # both None once unpickled
         self._signature: Signature | None = None
 
-    @property
-    def key(self) -> str:
-        """The cache key and worker plugin name (unique per :func:`ship` call)."""
-        return self._key
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the shipped payload in bytes."""
-        return self._nbytes
-
-    @property
-    def value(self) -> Any:
-        """The Keras model; in a worker, built once per process from the plugin's payload.
-
-        Raises:
-            SparkKerasError: outside the driver and the client's workers, or released.
-            PayloadError: the model cannot be rebuilt in this worker.
-        """
-        if self._model is not None:
-            return self._model
-        return model_cache.get_or_build(self._key, self._plugin().shipment.build).value
-
-    @property
-    def predictor(self) -> Predictor:
-        """The model's compiled inference function (one per model and process)."""
-        return predictor_for(self.value)
-
-    @property
-    def signature(self) -> Signature:
-        """The model's inputs and outputs (names, per-row shapes, dtypes)."""
-        if self._signature is None:
-            self._signature = signature_of(self._model) if self._model is not None \
-                else self.predictor.signature
-        return self._signature
+    def _build(self) -> tuple[Any, int]:
+        return self._plugin().shipment.build()
 
     def release(self) -> None:
         """Unregister the plugin: workers drop the payload and the cached model; tasks

@@ -23,7 +23,7 @@ import numpy as np
 from .cache import model_cache
 from .errors import ModelInputError
 from .inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
-from .inference.signature import model_outputs, signature_of
+from .inference.signature import Signature, model_outputs, signature_of
 from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")

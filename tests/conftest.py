@@ -90,3 +90,17 @@ def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
     rows = spark.range(16, numPartitions=16).mapInArrow(report, "info string").collect()
     found = [json.loads(r.info) for r in rows]
     return {i["pid"]: i for i in found}
+
+
+def run_script(folder, source: str, marker: str, timeout: int = 280) -> None:
+    """Run ``source`` as a fresh ``__main__`` script (the user-story shape) and check it
+    printed ``marker``; the repository is importable, nothing else is shared."""
+    import subprocess
+
+    script = folder / "script.py"
+    script.write_text(source)
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2",
+               PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, str(script)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and marker in proc.stdout, proc.stderr[-4000:]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -21,7 +19,7 @@ import spark_keras as sk  # noqa: E402
 from spark_keras.dask import PRELOAD_ENV, predict_dask, ship  # noqa: E402
 
 from . import models  # noqa: E402
-from .conftest import REPO_ROOT, builds_by_worker  # noqa: E402
+from .conftest import builds_by_worker, run_script  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -226,9 +224,4 @@ MAIN_DRIVER = textwrap.dedent('''
 
 
 def test_custom_layer_from_main_reaches_workers(tmp_path):
-    script = tmp_path / "driver.py"
-    script.write_text(MAIN_DRIVER)
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0 and "MAIN-OBJECTS-OK" in proc.stdout, proc.stderr[-4000:]
+    run_script(tmp_path, MAIN_DRIVER, "MAIN-OBJECTS-OK")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 
@@ -17,7 +15,7 @@ from spark_keras.cache import read_build_log
 from spark_keras.multiprocessing import pool_predict
 
 from . import models
-from .conftest import REPO_ROOT
+from .conftest import run_script
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,12 +44,7 @@ SEED_EXAMPLE = textwrap.dedent('''
 
 
 def test_seed_example_passes_the_model_to_a_spawned_process(tmp_path):
-    script = tmp_path / "actor.py"
-    script.write_text(SEED_EXAMPLE)
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0 and "SPAWN-OK" in proc.stdout, proc.stderr[-4000:]
+    run_script(tmp_path, SEED_EXAMPLE, "SPAWN-OK")
 
 
 def test_pool_predict_equals_the_model_and_builds_once_per_process(tmp_path, monkeypatch, rng):

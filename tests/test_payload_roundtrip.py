@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import os
 
 import keras
 import numpy as np

@@ -11,7 +11,6 @@ import textwrap
 import cloudpickle
 import keras
 import numpy as np
-import pytest
 
 import spark_keras as sk
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
+
+from .conftest import run_script
 
 DRIVER = textwrap.dedent('''
     import sys, numpy as np, keras
@@ -37,9 +36,4 @@ DRIVER = textwrap.dedent('''
 
 
 def test_custom_layer_from_main_works_on_executors(tmp_path):
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0 and "MAIN-OBJECTS-OK" in proc.stdout, proc.stderr[-4000:]
+    run_script(tmp_path, DRIVER, "MAIN-OBJECTS-OK")

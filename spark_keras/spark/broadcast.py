@@ -10,8 +10,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
 from ..errors import SparkKerasError
-from ..inference.predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
-from ..inference.signature import Signature, signature_of
+from ..handle import ModelHandle
+from ..inference.predictor import DEFAULT_BATCH_SIZE
+from ..inference.signature import Signature
 from ..payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
@@ -21,7 +22,7 @@ logger = logging.getLogger("spark_keras")
 _released: collections.deque[str] = collections.deque(maxlen=256)
 
 
-class BroadcastModel:
+class BroadcastModel(ModelHandle):
     """A Keras model shipped to Spark executors once, as a payload broadcast.
 
     ``.value`` is the model: on the driver the original object; on an executor the
@@ -62,43 +63,16 @@ class BroadcastModel:
         self._released = False
         logger.info("broadcast %s: %.1f MB payload", self._key, self._nbytes / 2**20)
 
-    # --- the model -------------------------------------------------------------------
+    # --- the model (key, nbytes, value, predictor, signature: see ModelHandle) ---------
 
-    @property
-    def key(self) -> str:
-        """This handle's cache key (unique per BroadcastModel)."""
-        return self._key
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the broadcast payload in bytes."""
-        return self._nbytes
-
-    @property
-    def value(self) -> Any:
-        """The Keras model (rebuilt once per worker process on executors)."""
-        if self._model is not None:
-            return self._model
+    def _check_usable(self) -> None:
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
-        return model_cache.get_or_build(self._key, self._build).value
 
     def _build(self) -> tuple[Any, int]:
         built = self._broadcast.value.build()
         _forget_loaded_value(self._broadcast)
         return built
-
-    @property
-    def signature(self) -> Signature:
-        """The model's inputs and outputs (names, per-row shapes, dtypes)."""
-        if self._signature is None:
-            self._signature = signature_of(self.value)
-        return self._signature
-
-    @property
-    def predictor(self) -> Predictor:
-        """The model's compiled inference function (one per model and process)."""
-        return predictor_for(self.value)
 
     # --- inference helpers -----------------------------------------------------------
 
