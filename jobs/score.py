@@ -2,7 +2,8 @@
 
     spark-submit --properties-file conf/spark-defaults.conf jobs/score.py \\
         --model model.keras --input data.parquet --output scored.parquet \\
-        --features features [--batch-size 1024] [--master local[*]] [--overwrite]
+        --features features [--batch-size 1024] [--master local[*]] [--overwrite] \\
+        [--on-invalid error|null]
 
 ``--model`` is a ``.keras`` file or a spark_keras payload; ``--features`` is one array or
 Vector column, or a comma-separated list of scalar columns (or one column per model
@@ -37,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--format", choices=["parquet", "csv"], default=None,
                    help="input format (default: from the file extension, parquet otherwise)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--on-invalid", choices=["error", "null"], default="error",
+                   help="a null/NaN/misshapen row fails the job (error) or gets a null prediction")
     return p.parse_args(argv)
 
 
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> dict:
         except (OSError, ValueError) as exc:
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
 
-        scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size)
+        scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
+                                  on_invalid=args.on_invalid)
         staging = f"{args.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
         try:

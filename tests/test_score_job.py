@@ -34,6 +34,8 @@ def files(tmp_path_factory):
     pd.DataFrame({"id": np.arange(250), "features": list(x), "name": ["row"] * 250}).to_parquet(
         folder / "in.parquet", index=False)
     pd.DataFrame({"id": [1, 2], "features": ["a", "b"]}).to_parquet(folder / "bad.parquet", index=False)
+    holes = list(x[:4]) + [None, np.array([1.0, 2.0], "float32")]  # a null row, a short row
+    pd.DataFrame({"id": np.arange(6), "features": holes}).to_parquet(folder / "holes.parquet", index=False)
     model.save(folder / "model.keras")
     sk.save(model, folder / "model.skp")
     return folder, model, x
@@ -50,6 +52,18 @@ def test_score_job_with_spark_submit(files):
     scored = pd.read_parquet(out).sort_values("id")
     assert list(scored.columns) == ["id", "features", "name", "prediction"]
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
+
+
+def test_score_job_null_policy_keeps_every_row(files):
+    folder, model, x = files
+    out = folder / "holes-scored.parquet"
+    proc = submit("--model", str(folder / "model.keras"), "--input", str(folder / "holes.parquet"),
+                  "--output", str(out), "--features", "features", "--on-invalid", "null")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    scored = pd.read_parquet(out).sort_values("id")
+    assert scored["prediction"].isna().tolist() == [False] * 4 + [True, True]
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()[:4]), np.asarray(model(x[:4])),
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["missing input", "unreadable model", "output exists",
