@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md and .png")
     args = parser.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]

@@ -1,8 +1,8 @@
 """Scoring throughput on local Spark: spark_keras against the ways people write it today.
 
-All methods run in one Spark session on the same cached DataFrame, each once to warm up
-(worker start, TensorFlow import, model build) and then timed, writing to Spark's
-``noop`` sink so nothing is collected. Peak RSS per Python worker is read from
+All methods run in one Spark session on the same cached DataFrame, each warmed up first
+(worker start, TensorFlow import, model build) and then timed (best of two when a run
+takes under 8 s), writing to Spark's ``noop`` sink so nothing is collected. Peak RSS per Python worker is read from
 /proc/<pid>/status (VmHWM), reset before each method through /proc/<pid>/clear_refs.
 """
 
@@ -245,9 +245,12 @@ def time_action(frame_fn, df) -> tuple[float, float]:
     taken from every partition, then time the whole DataFrame."""
     frame_fn(df.where(df["id"] % 20 == 0)).write.format("noop").mode("overwrite").save()
     reset_peak_rss()
-    start = time.perf_counter()
-    frame_fn(df).write.format("noop").mode("overwrite").save()
-    return time.perf_counter() - start, peak_worker_rss_mb()
+    times: list[float] = []
+    while not times or (len(times) < 2 and times[0] < 8.0):  # best of 2 for short runs
+        start = time.perf_counter()
+        frame_fn(df).write.format("noop").mode("overwrite").save()
+        times.append(time.perf_counter() - start)
+    return min(times), peak_worker_rss_mb()
 
 
 def tf_baseline_rss_mb(spark) -> float:

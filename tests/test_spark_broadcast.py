@@ -236,3 +236,18 @@ def test_destroy_releases_the_broadcast(spark):
     assert any(other.key in i["keys"] for i in infos.values())
     for info in infos.values():
         assert key not in info["keys"]
+
+
+def test_workers_keep_one_copy_of_the_weights(spark, mlp_case):
+    """After the build, a worker drops the unpickled payload (PySpark can reload it from
+    its file), so it holds the weights once, in the model's variables."""
+    model, df, _, _, _ = mlp_case
+    bm = sk.BroadcastModel(spark, model)
+
+    def probe(rows):
+        list(rows)
+        assert bm.value is not None
+        yield "_value" in bm._broadcast.__dict__, bm._broadcast._path is not None
+
+    seen = set(df.rdd.mapPartitions(probe).collect())
+    assert seen == {(False, True)}, seen
