@@ -104,6 +104,8 @@ def test_null_policy_scores_valid_rows_and_nulls_the_rest():
     assert struct.to_pylist()[4]["probs"] == pytest.approx([0.2, 0.8])
     with pytest.raises(ModelInputError, match="has type string"):  # a column problem still raises
         inputs([pa.array(["a"])], on_invalid="null")
+    with pytest.raises(ValueError, match="on_invalid must be one of"):
+        inputs([col], on_invalid="skip")
 
 
 def test_outputs_as_arrow_types():

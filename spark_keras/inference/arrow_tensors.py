@@ -208,6 +208,12 @@ def invalid_rows(name: str, arr: pa.Array, spec: TensorSpec) -> np.ndarray:
 ON_INVALID = ("error", "null")
 
 
+def check_on_invalid(on_invalid: str) -> None:
+    """Refuse an unknown bad-row policy up front (on the driver, not in a task)."""
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+
+
 def columns_to_inputs(names: Sequence[str], arrays: Sequence[pa.Array], signature: Signature,
                       on_invalid: str = "error") -> tuple[list[np.ndarray], np.ndarray | None]:
     """Model inputs from columns: one column per input, or scalar columns stacked into
@@ -216,8 +222,7 @@ def columns_to_inputs(names: Sequence[str], arrays: Sequence[pa.Array], signatur
     With ``on_invalid="error"`` a bad row raises :class:`ModelInputError`; with ``"null"``
     bad rows are left out and the returned mask (True = invalid) says which they were.
     """
-    if on_invalid not in ON_INVALID:
-        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    check_on_invalid(on_invalid)
     if on_invalid == "null" and len(arrays) and len(arrays[0]):
         specs = _column_specs(names, arrays, signature)
         mask = np.zeros(len(arrays[0]), dtype=bool)

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..errors import ModelInputError
 from ..inference.arrow_tensors import (
-    ON_INVALID,
+    check_on_invalid,
     columns_to_inputs,
     is_scalar_output,
     outputs_to_arrow,
@@ -53,8 +53,7 @@ class PredictUDF:
 
     def __init__(self, handle: "BroadcastModel", *, return_type: Any = None,
                  batch_size: int, on_invalid: str = "error") -> None:
-        if on_invalid not in ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+        check_on_invalid(on_invalid)
         self.handle = handle
         self.returnType = return_type if return_type is not None else prediction_type(handle.signature)
         self.batch_size = int(batch_size)
@@ -125,8 +124,7 @@ def transform(handle: "BroadcastModel", df: Any, input_cols: str | Sequence[str]
               output_col: str, *, batch_size: int, on_invalid: str = "error") -> Any:
     from pyspark.sql.types import StructField, StructType
 
-    if on_invalid not in ON_INVALID:
-        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    check_on_invalid(on_invalid)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     missing = [c for c in names if c not in df.columns]
     if missing:
@@ -148,8 +146,7 @@ def transform(handle: "BroadcastModel", df: Any, input_cols: str | Sequence[str]
 
 def predict_rows(handle: "BroadcastModel", rows: Iterable[Any], *, batch_size: int,
                  on_invalid: str = "error") -> Iterator[Any]:
-    if on_invalid not in ON_INVALID:
-        raise ValueError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+    check_on_invalid(on_invalid)
     predictor = handle.predictor
     buffer: list[Any] = []
     position = 0
