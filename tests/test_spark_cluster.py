@@ -22,13 +22,18 @@ def cluster(build_log):
     session.stop()
 
 
+def observations(cluster, rows: int, partitions: int, seed: int):
+    """Random actor-CNN observations, and a cached DataFrame of them (id, flat obs)."""
+    x = np.random.default_rng(seed).standard_normal((rows, 120, 160, 2)).astype("float32")
+    df = cluster.createDataFrame([(i, x[i].reshape(-1).tolist()) for i in range(rows)],
+                                 "id long, obs array<float>").repartition(partitions).cache()
+    df.count()
+    return x, df
+
+
 def test_two_executors_build_once_per_worker_and_match_the_driver(cluster, build_log):
     model = models.actor_cnn()
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((48, 120, 160, 2)).astype("float32")
-    df = cluster.createDataFrame([(i, x[i].reshape(-1).tolist()) for i in range(len(x))],
-                                 "id long, obs array<float>").repartition(12).cache()
-    df.count()
+    x, df = observations(cluster, rows=48, partitions=12, seed=11)
     expected = np.asarray(model(x))
     bm = sk.BroadcastModel(cluster, model)
 
@@ -64,11 +69,7 @@ def test_worker_killed_mid_job_every_row_exactly_once(cluster, build_log):
     from spark_keras.cache import read_build_log
 
     model = models.actor_cnn()
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal((96, 120, 160, 2)).astype("float32")
-    df = cluster.createDataFrame([(i, x[i].reshape(-1).tolist()) for i in range(len(x))],
-                                 "id long, obs array<float>").repartition(24).cache()
-    df.count()
+    x, df = observations(cluster, rows=96, partitions=24, seed=12)
     bm = sk.BroadcastModel(cluster, model)
     killed: list[int] = []
 
