@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover
     raise ImportError("spark_keras.dask needs dask and distributed: "
                       "pip install 'spark-keras[dask]'") from exc
 
+from . import flavour
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
@@ -301,7 +302,7 @@ def dask_setup(worker: Any = None) -> list[str]:
     Raises:
         SparkKerasError: a listed module cannot be imported (the worker does not start).
     """
-    import keras  # noqa: F401
+    flavour.current()  # imports Keras (or tf-keras)
 
     names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
     for name in names:

@@ -10,6 +10,9 @@ import functools
 import os
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 KERAS3 = "keras3"
 TF_KERAS = "tf_keras"
@@ -50,3 +53,26 @@ def how_to_match(flavour_name: str) -> str:
         "unset TF_USE_LEGACY_KERAS (or set it to 0) so Keras 3 is used (on Spark: "
         "spark.executorEnv.TF_USE_LEGACY_KERAS=0)"
     )
+
+
+def flatten(structure: Any) -> list[Any]:
+    """The leaves of a nested structure of tensors (dicts in sorted-key order)."""
+    fl = current()
+    if fl.name == TF_KERAS:
+        import tensorflow as tf
+
+        return tf.nest.flatten(structure)
+    return fl.module.tree.flatten(structure)
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A backend tensor (or array) as a numpy array."""
+    fl = current()
+    if fl.name == TF_KERAS:
+        return np.asarray(tensor)
+    return np.asarray(fl.module.ops.convert_to_numpy(tensor))
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"float32"`` for a Keras 3 dtype string or a ``tf.DType`` alike."""
+    return dtype if isinstance(dtype, str) else str(getattr(dtype, "name", dtype))

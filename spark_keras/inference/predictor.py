@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import flavour
 from .signature import Signature, signature_of
 
 DEFAULT_BATCH_SIZE = 1024
@@ -28,21 +29,17 @@ class Predictor:
         self._call = self._compile()
 
     def _flat_outputs(self, outputs: Any) -> list[Any]:
-        import keras
-
         names = self.signature.output_names
         if isinstance(outputs, dict) and names is not None:
             return [outputs[k] for k in names]
-        return keras.tree.flatten(outputs)
+        return flavour.flatten(outputs)
 
     def _compile(self) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-        import keras
-
         model, sig = self.model, self.signature
-        if keras.backend.backend() != "tensorflow":
+        if flavour.current().backend != "tensorflow":
             def eager(arrays):
                 out = model(sig.pack_inputs(list(arrays)), training=False)
-                return [np.asarray(keras.ops.convert_to_numpy(t)) for t in self._flat_outputs(out)]
+                return [flavour.to_numpy(t) for t in self._flat_outputs(out)]
             return eager
 
         import tensorflow as tf

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import flavour
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -46,39 +48,38 @@ def _known(shape: Any, what: str) -> tuple[int, ...]:
 
 
 def signature_of(model: Any) -> Signature:
-    """Input and output specs of a built Keras model."""
-    import keras
-
-    graph = getattr(model, "_functional", None) or model  # a Sequential wraps a Functional
-    if getattr(graph, "_inputs_struct", None) is not None:
-        structure = graph._inputs_struct
-        if isinstance(structure, dict):
-            names = list(structure)
-            tensors = [structure[k] for k in names]
+    """Input and output specs of a built Keras 3 or tf-keras model."""
+    graph = getattr(model, "_functional", None) or model  # a Keras 3 Sequential wraps one
+    # the model's own nesting of its symbolic inputs/outputs (Keras 3, then tf-keras names)
+    inputs_struct = _first_attr(graph, "_inputs_struct", "_nested_inputs")
+    if inputs_struct is not None:
+        if isinstance(inputs_struct, dict):
+            names = list(inputs_struct)
+            tensors = [inputs_struct[k] for k in names]
             input_structure: Any = tuple(names)
         else:
-            tensors = keras.tree.flatten(structure)
+            tensors = flavour.flatten(inputs_struct)
             names = [t.name for t in tensors]
-            input_structure = None if len(tensors) == 1 and not isinstance(structure, (list, tuple)) \
-                else "list"
-        inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), str(t.dtype))
+            single = len(tensors) == 1 and not isinstance(inputs_struct, (list, tuple))
+            input_structure = None if single else "list"
+        inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), flavour.dtype_name(t.dtype))
                        for n, t in zip(names, tensors))
-        outputs_struct = graph._outputs_struct
+        outputs_struct = _first_attr(graph, "_outputs_struct", "_nested_outputs")
     else:
         shape = (model.get_build_config() or {}).get("input_shape")
         if shape is None or not all(d is None or isinstance(d, int) for d in shape):
             raise ValueError(f"cannot tell the input shape of {type(model).__name__}: build it "
                              f"with a single input shape (model.build(shape)) or use keras.Input")
-        inputs = (TensorSpec("input", _known(shape, "input"), keras.backend.floatx()),)
+        floatx = flavour.current().module.backend.floatx()
+        inputs = (TensorSpec("input", _known(shape, "input"), floatx),)
         input_structure = None
-        spec = keras.KerasTensor((None, *inputs[0].shape), dtype=inputs[0].dtype)
-        outputs_struct = model.compute_output_spec(spec)
+        outputs_struct = _output_spec(model, (None, *inputs[0].shape), floatx)
 
     if isinstance(outputs_struct, dict):
         out_names: tuple[str, ...] | None = tuple(outputs_struct)
         out_tensors = [outputs_struct[k] for k in out_names]
     else:
-        out_tensors = keras.tree.flatten(outputs_struct)
+        out_tensors = flavour.flatten(outputs_struct)
         out_names = None
         if len(out_tensors) > 1:
             names = getattr(model, "output_names", None) or []
@@ -86,9 +87,27 @@ def signature_of(model: Any) -> Signature:
                 else tuple(f"output_{i}" for i in range(len(out_tensors)))
     outputs = tuple(
         TensorSpec(out_names[i] if out_names else "prediction",
-                   _known(t.shape, "output"), str(t.dtype))
+                   _known(t.shape, "output"), flavour.dtype_name(t.dtype))
         for i, t in enumerate(out_tensors))
     return Signature(inputs, outputs, input_structure, out_names)
+
+
+def _first_attr(obj: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _output_spec(model: Any, shape: tuple, dtype: str) -> Any:
+    """Symbolic outputs of a subclassed model called on a batch of ``shape``."""
+    fl = flavour.current()
+    if fl.name == flavour.TF_KERAS:
+        import tensorflow as tf
+
+        return model.compute_output_signature(tf.TensorSpec(shape, dtype))
+    return model.compute_output_spec(fl.module.KerasTensor(shape, dtype=dtype))
 
 
 def model_outputs(outputs: list[Any], signature: Signature) -> Any:

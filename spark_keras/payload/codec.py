@@ -19,6 +19,7 @@ import numpy as np
 from .. import __version__, flavour
 from ..errors import PayloadError
 from . import format as fmt
+from . import round_trip
 
 logger = logging.getLogger("spark_keras")
 
@@ -77,7 +78,7 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
     }
     data = fmt.pack(meta, pieces)
     if state.relies_on_auto_config(model):
-        _verify_round_trip(model, data, custom_objects)
+        round_trip.verify(model, data, custom_objects, loads)
     return data
 
 
@@ -182,25 +183,6 @@ def _explain_rebuild_failure(exc: Exception, header: Mapping[str, Any],
             f"custom_objects, register it with @keras.saving.register_keras_serializable, "
             f"or ship it with make_picklable/BroadcastModel. Keras said: {text}")
     return PayloadError(f"cannot rebuild {cls} from its payload: {type(exc).__name__}: {text}")
-
-
-def _verify_round_trip(model: Any, data: bytes, custom_objects: Mapping[str, Any] | None) -> None:
-    """Catch subclassed models whose auto-config would bring back the wrong model."""
-    state = _state_module()
-    advice = (f"{type(model).__qualname__} has no get_config(), and Keras's automatic "
-              f"config records its constructor's default arguments, not the ones you "
-              f"passed. Implement get_config() (and from_config() if needed) returning "
-              f"every constructor argument")
-    objects = dict(custom_objects or {})
-    objects.setdefault(type(model).__name__, type(model))
-    try:
-        twin = loads(data, custom_objects=objects, safe_mode=False)
-        sample = state.sample_inputs(model)
-        same = state.same_outputs(model, twin, sample)
-    except Exception as exc:  # the twin could not even be built or called
-        raise PayloadError(f"{advice}. (Rebuilding it from its config failed: {exc})") from exc
-    if not same:
-        raise PayloadError(f"{advice}. Rebuilt from its config, it predicts differently.")
 
 
 def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,

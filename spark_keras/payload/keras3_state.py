@@ -15,7 +15,6 @@ payload does not cover gets its real initializer afterwards, so the result match
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import threading
 from typing import Any, Iterator
@@ -31,8 +30,11 @@ from keras.src.saving.serialization_lib import (
     serialize_keras_object,
 )
 
+from ..errors import PayloadError
+from .assets import Assets, read_tree, write_tree
+from .round_trip import constructor_takes_arguments
+
 Entries = dict[str, dict[str, np.ndarray]]  # saveable path -> {variable key: array}
-Assets = dict[str, bytes]  # relative file path -> contents
 
 
 class MemoryStore(saving_lib.H5IOStore):
@@ -105,18 +107,8 @@ def capture_state(model: Any, *, include_optimizer: bool) -> tuple[Entries, Asse
         assets_store.mode = "w"
         saving_lib._save_state(model, weights_store=store, assets_store=assets_store,
                                inner_path="", visited_saveables=visited)
-        assets = _read_tree(tmp)
+        assets = read_tree(tmp)
     return store.entries, assets
-
-
-def _read_tree(root: str) -> Assets:
-    out: Assets = {}
-    for folder, _, files in os.walk(root):
-        for name in sorted(files):
-            full = os.path.join(folder, name)
-            with open(full, "rb") as f:
-                out[os.path.relpath(full, root).replace(os.sep, "/")] = f.read()
-    return out
 
 
 # --- rebuilding without running initializers ---------------------------------------
@@ -209,7 +201,7 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
         assets_store = None
         if assets:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_assets_"))
-            _write_tree(tmp, assets)
+            write_tree(tmp, assets)
             assets_store = saving_lib.DiskIOStore(tmp, mode="r")
         store = MemoryStore("r", entries)
         with _skipping_initializers() as pending:
@@ -239,27 +231,12 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
     return model
 
 
-def _write_tree(root: str, assets: Assets) -> None:
-    real_root = os.path.realpath(root)
-    for rel, data in assets.items():
-        full = os.path.realpath(os.path.join(root, rel))
-        if not full.startswith(real_root + os.sep):
-            from ..errors import PayloadError
-
-            raise PayloadError(f"payload corrupted: asset path {rel!r} escapes the asset folder")
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "wb") as f:
-            f.write(data)
-
-
 # --- checks used by dumps --------------------------------------------------------------
 
 def check_model_type(model: Any) -> None:
     import keras
 
     if not isinstance(model, keras.Model):
-        from ..errors import PayloadError
-
         raise PayloadError(
             f"expected a Keras 3 keras.Model, got {type(model).__module__}."
             f"{type(model).__qualname__} (tf-keras models need TF_USE_LEGACY_KERAS=1)"
@@ -268,52 +245,10 @@ def check_model_type(model: Any) -> None:
 
 def relies_on_auto_config(model: Any) -> bool:
     """A subclassed model using Keras's auto-config, whose constructor takes arguments."""
-    import inspect
-
     from keras.src.models.functional import Functional
     from keras.src.models.sequential import Sequential
     from keras.src.utils import python_utils
 
     if isinstance(model, (Functional, Sequential)):
         return False
-    if not python_utils.is_default(model.get_config):
-        return False
-    params = inspect.signature(type(model).__init__).parameters.values()
-    return any(p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-               for p in params)
-
-
-def sample_inputs(model: Any) -> Any:
-    """Random inputs shaped like the model's recorded build input shape."""
-    import keras
-
-    build_config = model.get_build_config() or {}
-    shape = build_config.get("input_shape")
-    if shape is None:
-        raise ValueError("the model records no input shape (was it built?)")
-    rng = np.random.default_rng(0)
-
-    def make(s):
-        dims = [2 if d is None else int(d) for d in s]
-        return rng.standard_normal(dims).astype(keras.backend.floatx())
-
-    def is_shape(s):
-        return isinstance(s, (list, tuple)) and all(d is None or isinstance(d, int) for d in s)
-
-    if is_shape(shape):
-        return make(shape)
-    if isinstance(shape, dict):
-        return {k: make(v) for k, v in shape.items()}
-    return [make(s) for s in shape]
-
-
-def same_outputs(a: Any, b: Any, x: Any) -> bool:
-    import keras
-
-    out_a = keras.tree.flatten(a(x, training=False))
-    out_b = keras.tree.flatten(b(x, training=False))
-    return len(out_a) == len(out_b) and all(
-        np.shape(u) == np.shape(v)
-        and np.allclose(keras.ops.convert_to_numpy(u), keras.ops.convert_to_numpy(v),
-                        atol=1e-6, equal_nan=True)
-        for u, v in zip(out_a, out_b))
+    return python_utils.is_default(model.get_config) and constructor_takes_arguments(type(model))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from .. import flavour
 from .codec import dumps, loads
 
 _OPTIONS_ATTR = "_spark_keras_pickle_options"
@@ -68,7 +69,7 @@ def _unpickle(data: bytes, objects: dict[str, Any], safe_mode: bool,
 
 def referenced_objects(model: Any) -> Iterator[tuple[str, Any]]:
     """Custom (non-Keras) classes and registered functions a model needs to be rebuilt."""
-    import keras
+    saving = flavour.current().module.saving
 
     def custom(obj: Any) -> bool:
         module = getattr(obj, "__module__", "") or ""
@@ -80,9 +81,9 @@ def referenced_objects(model: Any) -> Iterator[tuple[str, Any]]:
     for cls in classes:
         if custom(cls):
             yield cls.__name__, cls
-            yield keras.saving.get_registered_name(cls), cls
+            yield saving.get_registered_name(cls), cls
     for registered in _registered_names(model.get_config() if _has_config(model) else {}):
-        obj = keras.saving.get_registered_object(registered)
+        obj = saving.get_registered_object(registered)
         if obj is not None and custom(obj):
             yield registered, obj
 

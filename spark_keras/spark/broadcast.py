@@ -181,7 +181,7 @@ def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | N
         return codec.loads(data, custom_objects=custom_objects, safe_mode=safe_mode), data
     if data[:4] != b"PK\x03\x04":
         raise PayloadError(f"{path!r} is neither a spark_keras payload nor a .keras file")
-    import keras
+    from .. import flavour
 
-    model = keras.saving.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
+    model = flavour.current().module.saving.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
     return model, codec.dumps(model, custom_objects=custom_objects)
