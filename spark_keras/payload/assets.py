@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from typing import Iterator
 
 from ..errors import PayloadError
 
@@ -28,3 +31,14 @@ def write_tree(root: str, assets: Assets) -> None:
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "wb") as f:
             f.write(data)
+
+
+@contextlib.contextmanager
+def asset_folder(assets: Assets) -> Iterator[str | None]:
+    """A temporary folder holding ``assets`` for Keras to load from (None if none)."""
+    if not assets:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="spark_keras_assets_") as tmp:
+        write_tree(tmp, assets)
+        yield tmp

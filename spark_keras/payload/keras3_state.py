@@ -31,7 +31,7 @@ from keras.src.saving.serialization_lib import (
 )
 
 from ..errors import PayloadError
-from .assets import Assets, read_tree, write_tree
+from .assets import Assets, asset_folder, read_tree
 from .round_trip import constructor_takes_arguments
 
 Entries = dict[str, dict[str, np.ndarray]]  # saveable path -> {variable key: array}
@@ -198,11 +198,8 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
     compile_config = config.pop("compile_config", None)
     visited: set[int] = set()
     with contextlib.ExitStack() as stack:
-        assets_store = None
-        if assets:
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_assets_"))
-            write_tree(tmp, assets)
-            assets_store = saving_lib.DiskIOStore(tmp, mode="r")
+        folder = stack.enter_context(asset_folder(assets))
+        assets_store = saving_lib.DiskIOStore(folder, mode="r") if folder else None
         store = MemoryStore("r", entries)
         with _skipping_initializers() as pending:
             with ObjectSharingScope():

@@ -27,7 +27,7 @@ from tf_keras.src.saving.serialization_lib import (
 )
 
 from ..errors import PayloadError
-from .assets import Assets, read_tree, write_tree
+from .assets import Assets, asset_folder, read_tree
 from .round_trip import constructor_takes_arguments
 
 logger = logging.getLogger("spark_keras")
@@ -109,11 +109,8 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
     visited: set[int] = set()
     with contextlib.ExitStack() as stack:
         stack.enter_context(_v3_saving())
-        assets_store = None
-        if assets:
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_assets_"))
-            write_tree(tmp, assets)
-            assets_store = saving_lib.DiskIOStore(tmp, mode="r")
+        folder = stack.enter_context(asset_folder(assets))
+        assets_store = saving_lib.DiskIOStore(folder, mode="r") if folder else None
         store = MemoryStore(entries)
         with ObjectSharingScope():
             model = deserialize_keras_object(config, custom_objects=custom_objects,

@@ -5,7 +5,7 @@ model call in batches -> Arrow/numpy outputs."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -87,9 +87,10 @@ def _make_udf(handle: "BroadcastModel", names: list[str], return_type: Any, scor
 
 def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: Any,
                      score: Callable):
-    from pyspark.sql.functions import PandasUDFType, pandas_udf
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
 
-    def predict(batches: Iterator[Any]) -> Iterator[Any]:
+    def predict(batches):
         predictor = handle.predictor
         for batch in batches:
             series = list(batch) if isinstance(batch, (tuple, list)) else [batch]
@@ -100,7 +101,12 @@ def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: An
             else:
                 yield out.to_pandas()
 
-    return pandas_udf(predict, return_type, PandasUDFType.SCALAR_ITER)
+    # an iterator-of-batches pandas UDF, told by type hints (a struct column, such as an
+    # ML Vector, arrives as a DataFrame)
+    column = Union[pd.Series, pd.DataFrame]
+    item = column if len(names) == 1 else Tuple[column, ...]
+    predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pd.Series]}
+    return pandas_udf(predict, return_type)
 
 
 def _series_to_arrow(name: str, series: Any) -> pa.Array:
