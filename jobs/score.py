@@ -52,8 +52,13 @@ def _session(master: str | None):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("spark-keras-score")
-    if master or not SparkConf().get("spark.master", None):  # spark-submit --master wins
+    conf = SparkConf()
+    if master or not conf.get("spark.master", None):  # spark-submit --master wins
         builder = builder.master(master or "local[*]")
+    if conf.get("spark.executorEnv.TF_USE_LEGACY_KERAS", None) is None:
+        # executors must run the driver's Keras flavour (Keras 3 or legacy tf-keras)
+        legacy = os.environ.get("TF_USE_LEGACY_KERAS", "0")
+        builder = builder.config("spark.executorEnv.TF_USE_LEGACY_KERAS", legacy)
     if not os.environ.get("SPARK_KERAS_BUILD_LOG"):
         build_log = tempfile.mkdtemp(prefix="spark_keras_builds_")
         builder = builder.config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)

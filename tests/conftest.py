@@ -92,6 +92,18 @@ def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
     return {i["pid"]: i for i in found}
 
 
+def submit_score_job(*args: str, timeout: int = 300):
+    """``spark-submit jobs/score.py ARGS`` on local[2] with conf/spark-defaults.conf."""
+    import subprocess
+
+    spark_submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    cmd = [spark_submit, "--master", "local[2]", "--properties-file",
+           os.path.join(REPO_ROOT, "conf", "spark-defaults.conf"),
+           os.path.join(REPO_ROOT, "jobs", "score.py"), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def run_script(folder, source: str, marker: str, timeout: int = 280) -> None:
     """Run ``source`` as a fresh ``__main__`` script (the user-story shape) and check it
     printed ``marker``; the repository is importable, nothing else is shared."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -13,18 +11,7 @@ import pytest
 import spark_keras as sk
 
 from . import models
-from .conftest import REPO_ROOT
-
-SPARK_SUBMIT = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-SCORE = os.path.join(REPO_ROOT, "jobs", "score.py")
-
-
-def submit(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cmd = [SPARK_SUBMIT, "--master", "local[2]", "--properties-file",
-           os.path.join(REPO_ROOT, "conf", "spark-defaults.conf"), SCORE, *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-
+from .conftest import submit_score_job as submit
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

@@ -266,3 +266,26 @@ def test_spawned_pool_scores_tf_keras_model(rng):
     got = pool_predict(model, x, processes=2, batch_size=64)
     np.testing.assert_allclose(np.asarray(got).ravel(), model.predict(x, verbose=0).ravel(),
                                rtol=0, atol=1e-6)
+
+
+# --- the spark-submit job ------------------------------------------------------------------
+
+def test_score_job_runs_tf_keras_model(tmp_path):
+    import pandas as pd
+
+    from .conftest import submit_score_job
+
+    rng = np.random.default_rng(3)
+    model = seed_model(rng, fit=False)
+    model.save(tmp_path / "seed.keras")  # tf-keras's own format, as a user would have it
+    x = rng.standard_normal((120, 42)).astype("float32")
+    pd.DataFrame({"id": np.arange(120), "features": list(x)}).to_parquet(tmp_path / "in.parquet")
+    out = tmp_path / "scored.parquet"
+    # conf/spark-defaults.conf does not pin the flavour: the job passes the driver's on
+    proc = submit_score_job("--model", str(tmp_path / "seed.keras"), "--input",
+                            str(tmp_path / "in.parquet"), "--output", str(out),
+                            "--features", "features")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    scored = pd.read_parquet(out).sort_values("id")
+    np.testing.assert_allclose(scored["prediction"].to_numpy(),
+                               model.predict(x, verbose=0).ravel(), rtol=0, atol=1e-6)
