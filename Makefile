@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test demo bench fuzz check-java venv clean
+.PHONY: test test-compat demo bench fuzz check-java venv clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,12 @@ check-java:
 test: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# Compatibility legs, each in its own venv (.venv-spark35, .venv-tfkeras), reported as a
+# matrix: PySpark 3.5 + Keras 3 (the Spark suite), PySpark 4.3 + tf-keras (TF_USE_LEGACY_KERAS=1).
+# One leg: make test-compat COMPAT_ARGS=spark43-tfkeras
+test-compat: check-java
+	$(PYTHON) compat/matrix.py $(COMPAT_ARGS)
+
 demo: check-java $(STAMP)
 	$(PY) jobs/demo.py
 
@@ -39,4 +45,4 @@ fuzz: $(STAMP)
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} $(PY) fuzz/atheris_payload.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out
+	rm -rf $(VENV) .venv-spark35 .venv-tfkeras build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out

@@ -1,0 +1,144 @@
+"""``make test-compat``: the compatibility legs, each in its own virtualenv, as a matrix.
+
+Legs (see README, "Support matrix"):
+
+* ``spark35-keras3``: PySpark 3.5.x with Keras 3, running the Spark test suite;
+* ``spark43-tfkeras``: PySpark 4.3 with legacy tf-keras 2.x (``TF_USE_LEGACY_KERAS=1``),
+  running the tf-keras tests (payload, pickling, broadcast and inference helpers,
+  the seed 001 story on local-cluster, spawn).
+
+Every leg installs the package with the pins of ``constraints.txt``, except the pins the
+leg replaces. Venvs are reused while ``setup.cfg``/``constraints.txt`` are unchanged.
+Usage: ``python compat/matrix.py [leg ...]``; exits non-zero if any leg fails.
+Standard library only: it runs before any venv exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Leg:
+    name: str
+    venv: str
+    pins: dict[str, str]  # package -> version, replacing constraints.txt's pin
+    extras: str
+    tests: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    no_deps: list[str] = field(default_factory=list)  # installed without dependencies
+
+
+LEGS = [
+    Leg("spark35-keras3", ".venv-spark35", {"pyspark": "3.5.9"}, "test",
+        ["tests/test_spark_broadcast.py", "tests/test_spark_cluster.py",
+         "tests/test_spark_main_objects.py", "tests/test_spark_reliability.py",
+         "tests/test_score_job.py"]),
+    # tf-keras 2.21 depends on `tensorflow`; this project pins the identical CPU build
+    # `tensorflow-cpu`, so tf-keras goes in without dependencies instead of pulling a
+    # second TensorFlow over the first.
+    Leg("spark43-tfkeras", ".venv-tfkeras", {}, "test", ["tests/test_tf_keras.py"],
+        env={"TF_USE_LEGACY_KERAS": "1"}, no_deps=["tf-keras==2.21.0"]),
+]
+
+
+def _run(cmd: list[str], **kwargs) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT, **kwargs)
+
+
+def _constraints(leg: Leg) -> str:
+    with open(os.path.join(ROOT, "constraints.txt")) as f:
+        lines = f.read().splitlines()
+    out = []
+    for line in lines:
+        name = re.split(r"[=<>!~ ;\[]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
+        if name not in leg.pins:
+            out.append(line)
+    out += [f"{name}=={version}" for name, version in leg.pins.items()]
+    return "\n".join(out) + "\n"
+
+
+def ensure_venv(leg: Leg) -> str:
+    venv = os.path.join(ROOT, leg.venv)
+    python = os.path.join(venv, "bin", "python")
+    stamp = os.path.join(venv, ".installed")
+    wanted = _constraints(leg) + repr((leg.extras, leg.no_deps)) + _read("setup.cfg")
+    if os.path.exists(stamp) and _read(stamp, absolute=True) == wanted:
+        return python
+    if not os.path.exists(python):
+        _run([sys.executable, "-m", "venv", venv])
+    constraints = os.path.join(venv, "constraints.txt")
+    with open(constraints, "w") as f:
+        f.write(_constraints(leg))
+    _run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+    _run([python, "-m", "pip", "install", "--quiet", "-c", constraints, "-e", f".[{leg.extras}]"])
+    if leg.no_deps:
+        _run([python, "-m", "pip", "install", "--quiet", "--no-deps", *leg.no_deps])
+    with open(stamp, "w") as f:
+        f.write(wanted)
+    return python
+
+
+def _read(path: str, absolute: bool = False) -> str:
+    with open(path if absolute else os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def versions(python: str, env: dict[str, str]) -> dict[str, str]:
+    probe = ("import platform, pyspark, spark_keras.flavour as f; c = f.current(); "
+             "print(platform.python_version(), pyspark.__version__, c.name, c.version)")
+    out = subprocess.run([python, "-c", probe], env=env, cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return {"python": out[0], "pyspark": out[1], "keras": f"{out[2]} {out[3]}"}
+
+
+def run_leg(leg: Leg, pytest_args: list[str]) -> dict[str, str]:
+    python = ensure_venv(leg)
+    env = dict(os.environ, **leg.env, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python,
+               TF_CPP_MIN_LOG_LEVEL="2")
+    info = versions(python, env)
+    started = time.monotonic()
+    print(f"\n=== {leg.name}: {' '.join(leg.tests)}", flush=True)
+    lines: list[str] = []
+    with subprocess.Popen([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *leg.tests, *pytest_args], env=env, cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:  # streamed, so CI logs show progress
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+    ok = proc.returncode == 0
+    summary = next((line.strip().strip("= ") for line in reversed(lines)
+                    if re.search(r"\d+ (passed|failed|error)", line)), "no result")
+    info.update(leg=leg.name, result=("PASS " if ok else "FAIL ") + summary,
+                seconds=f"{time.monotonic() - started:.0f}", ok=str(ok))
+    return info
+
+
+def main(argv: list[str]) -> int:
+    names = [a for a in argv if not a.startswith("-")]
+    pytest_args = [a for a in argv if a.startswith("-")]
+    unknown = set(names) - {leg.name for leg in LEGS}
+    if unknown:
+        print(f"unknown leg(s) {sorted(unknown)}; legs: {[leg.name for leg in LEGS]}")
+        return 2
+    rows = [run_leg(leg, pytest_args) for leg in LEGS if not names or leg.name in names]
+    cols = ["leg", "python", "pyspark", "keras", "result", "seconds"]
+    print("\nCompatibility matrix")
+    print(" | ".join(cols))
+    print(" | ".join("---" for _ in cols))
+    for row in rows:
+        print(" | ".join(row[c] for c in cols))
+    return 0 if all(row["ok"] == "True" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
