@@ -157,6 +157,13 @@ def test_subclassed_model_with_auto_config(rng):
     x = rng.standard_normal((6, 4)).astype("float32")
     assert (back.units, back.scale) == (3, 2.5)
     np.testing.assert_array_equal(back(x).numpy(), model(x).numpy())
+    # the scoring helpers read a subclassed model's signature from its build shape
+    from spark_keras.inference.predictor import predictor_for
+
+    predictor = predictor_for(back)
+    assert [(t.shape, t.dtype) for t in predictor.signature.inputs] == [((4,), "float32")]
+    assert [t.shape for t in predictor.signature.outputs] == [(3,)]
+    np.testing.assert_allclose(predictor([x])[0], model(x).numpy(), rtol=0, atol=1e-6)
 
 
 def test_keras3_model_is_refused_under_tf_keras():
