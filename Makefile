@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-compat demo bench fuzz check-java venv clean
+.PHONY: test test-compat demo bench bench-tf-keras fuzz check-java venv clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,12 @@ demo: check-java $(STAMP)
 
 bench: check-java $(STAMP)
 	$(PY) -m bench --write $(BENCH_ARGS)
+
+# The payload rebuild benchmark under legacy tf-keras (in .venv-tfkeras), written to
+# docs/benchmarks-tf-keras.md.
+bench-tf-keras: check-java
+	$(PYTHON) compat/matrix.py --setup-only spark43-tfkeras
+	TF_USE_LEGACY_KERAS=1 .venv-tfkeras/bin/python -m bench --only payload --write $(BENCH_ARGS)
 
 # Coverage-guided fuzzing of the payload reader (atheris); FUZZ_SECONDS=300 by default.
 fuzz: $(STAMP)

@@ -21,12 +21,15 @@ SECTIONS = ("payload", "scoring", "dask")
 
 
 def machine() -> str:
-    import keras
     import pyspark
 
+    from spark_keras import flavour
+
+    keras = flavour.current()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
-            f"Python {platform.python_version()}, PySpark {pyspark.__version__}, Keras {keras.__version__}")
+            f"Python {platform.python_version()}, PySpark {pyspark.__version__}, "
+            f"{'tf-keras' if keras.name == flavour.TF_KERAS else 'Keras'} {keras.version}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,10 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    from spark_keras import flavour
+
+    legacy = flavour.current().name == flavour.TF_KERAS
+    if legacy and sections != ["payload"]:
+        parser.error("under tf-keras (TF_USE_LEGACY_KERAS=1) only --only payload is available")
     started = time.perf_counter()
     given = sys.argv[1:] if argv is None else argv
-    results: dict = {"machine": machine(), "command": " ".join(["python -m bench", *given]),
-                     "date": datetime.date.today().isoformat()}
+    results: dict = {"machine": machine(), "command": " ".join(["TF_USE_LEGACY_KERAS=1"] * legacy + ["python -m bench", *given]),
+                     "date": datetime.date.today().isoformat(),
+                     "flavour": flavour.current().name}
     print(f"machine: {results['machine']}")
     if "payload" in sections:
         from . import payload_bench

@@ -8,12 +8,13 @@ import statistics
 import time
 from typing import Callable
 
-import keras
-
 import spark_keras as sk
+from spark_keras import flavour
+
+keras = flavour.current().module  # Keras 3, or tf-keras under TF_USE_LEGACY_KERAS=1
 
 
-def mlp_90mb() -> keras.Model:
+def mlp_90mb():
     # 4096*2048 + 2048*4096 + 4096*2048 float32 ~ 100 MB -> trimmed to ~90 MB
     return keras.Sequential([
         keras.Input((2048,)),
@@ -23,7 +24,7 @@ def mlp_90mb() -> keras.Model:
     ], name="mlp_90mb")
 
 
-MODELS: dict[str, Callable[[], keras.Model]] = {
+MODELS: dict[str, Callable[[], object]] = {
     "ResNet50": lambda: keras.applications.ResNet50(weights=None),
     "VGG16": lambda: keras.applications.VGG16(weights=None),
     "MLP 90MB": mlp_90mb,

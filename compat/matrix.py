@@ -9,7 +9,8 @@ Legs (see README, "Support matrix"):
 
 Every leg installs the package with the pins of ``constraints.txt``, except the pins the
 leg replaces. Venvs are reused while ``setup.cfg``/``constraints.txt`` are unchanged.
-Usage: ``python compat/matrix.py [leg ...]``; exits non-zero if any leg fails.
+Usage: ``python compat/matrix.py [--setup-only] [leg ...] [pytest options]``; exits
+non-zero if any leg fails. ``--setup-only`` just creates the legs' venvs.
 Standard library only: it runs before any venv exists.
 """
 
@@ -124,13 +125,19 @@ def run_leg(leg: Leg, pytest_args: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    setup_only = "--setup-only" in argv
     names = [a for a in argv if not a.startswith("-")]
-    pytest_args = [a for a in argv if a.startswith("-")]
+    pytest_args = [a for a in argv if a.startswith("-") and a != "--setup-only"]
     unknown = set(names) - {leg.name for leg in LEGS}
     if unknown:
         print(f"unknown leg(s) {sorted(unknown)}; legs: {[leg.name for leg in LEGS]}")
         return 2
-    rows = [run_leg(leg, pytest_args) for leg in LEGS if not names or leg.name in names]
+    legs = [leg for leg in LEGS if not names or leg.name in names]
+    if setup_only:
+        for leg in legs:
+            print(f"{leg.name}: {ensure_venv(leg)}")
+        return 0
+    rows = [run_leg(leg, pytest_args) for leg in legs]
     cols = ["leg", "python", "pyspark", "keras", "result", "seconds"]
     print("\nCompatibility matrix")
     print(" | ".join(cols))
