@@ -263,7 +263,44 @@ def test_executor_without_tf_keras_flag_fails_with_the_fix(cluster):
     assert "PayloadError" in text and "spark.executorEnv.TF_USE_LEGACY_KERAS=1" in text
 
 
-# --- multiprocessing (spawn): the seed 003 story was legacy tf.keras too ------------------
+# --- multiprocessing (spawn): the seed 003 story was legacy tf.keras too -------------------
+
+SEED_003_SCRIPT = """
+import multiprocessing as mp
+import numpy as np
+import tf_keras as keras
+import spark_keras as sk
+
+class Gate(keras.layers.Layer):              # a custom layer living in __main__
+    def build(self, shape):
+        self.w = self.add_weight(name="w", shape=(shape[-1],), initializer="random_normal")
+    def call(self, x):
+        return x * keras.activations.sigmoid(self.w)
+
+def act(model, x, results):
+    results.put(np.asarray(model(x)))
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    model = keras.Sequential([keras.Input((8,)), Gate(), keras.layers.Dense(3)])
+    model = sk.make_picklable(model)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+    results = mp.Queue()
+    child = mp.Process(target=act, args=(model, x, results))
+    child.start()
+    got = results.get(timeout=200)
+    child.join(60)
+    assert child.exitcode == 0, child.exitcode
+    np.testing.assert_array_equal(got, np.asarray(model(x)))
+    print("SPAWN-OK")
+"""
+
+
+def test_seed_003_spawned_process_receives_model_with_main_layer(tmp_path):
+    from .conftest import run_script
+
+    run_script(tmp_path, SEED_003_SCRIPT, "SPAWN-OK")  # inherits TF_USE_LEGACY_KERAS=1
+
 
 def test_spawned_pool_scores_tf_keras_model(rng):
     from spark_keras.multiprocessing import pool_predict
