@@ -56,8 +56,7 @@ def _run(cmd: list[str], **kwargs) -> None:
 
 
 def _constraints(leg: Leg) -> str:
-    with open(os.path.join(ROOT, "constraints.txt")) as f:
-        lines = f.read().splitlines()
+    lines = _read(os.path.join(ROOT, "constraints.txt")).splitlines()
     out = []
     for line in lines:
         name = re.split(r"[=<>!~ ;\[]", line.strip(), maxsplit=1)[0].lower().replace("_", "-")
@@ -71,14 +70,16 @@ def ensure_venv(leg: Leg) -> str:
     venv = os.path.join(ROOT, leg.venv)
     python = os.path.join(venv, "bin", "python")
     stamp = os.path.join(venv, ".installed")
-    wanted = _constraints(leg) + repr((leg.extras, leg.no_deps)) + _read("setup.cfg")
-    if os.path.exists(stamp) and _read(stamp, absolute=True) == wanted:
+    constraints_text = _constraints(leg)
+    setup_cfg = _read(os.path.join(ROOT, "setup.cfg"))
+    wanted = constraints_text + repr((leg.extras, leg.no_deps)) + setup_cfg
+    if os.path.exists(stamp) and _read(stamp) == wanted:
         return python
     if not os.path.exists(python):
         _run([sys.executable, "-m", "venv", venv])
     constraints = os.path.join(venv, "constraints.txt")
     with open(constraints, "w") as f:
-        f.write(_constraints(leg))
+        f.write(constraints_text)
     _run([python, "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
     _run([python, "-m", "pip", "install", "--quiet", "-c", constraints, "-e", f".[{leg.extras}]"])
     if leg.no_deps:
@@ -88,8 +89,8 @@ def ensure_venv(leg: Leg) -> str:
     return python
 
 
-def _read(path: str, absolute: bool = False) -> str:
-    with open(path if absolute else os.path.join(ROOT, path)) as f:
+def _read(path: str) -> str:
+    with open(path) as f:
         return f.read()
 
 
