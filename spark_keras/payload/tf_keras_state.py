@@ -60,9 +60,6 @@ class MemoryStore:
     def get(self, path: str) -> dict[str, np.ndarray]:
         return self.entries.get(path, {})
 
-    def __bool__(self) -> bool:
-        return True
-
 
 @contextlib.contextmanager
 def _v3_saving() -> Iterator[None]:
