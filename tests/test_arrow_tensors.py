@@ -113,3 +113,54 @@ def test_outputs_as_arrow_types():
     assert out.type == pa.list_(pa.float32()) and out.to_pylist() == [[1, 1], [1, 1]]
     scalar = outputs_to_arrow([np.ones((2, 1), "float32")], ONE)
     assert scalar.type == pa.float32()
+
+
+@pytest.mark.parametrize("col", [
+    pa.array([None, None], pa.list_(pa.float32())),
+    pa.array([[1.0, 2.0], [1.0]], pa.list_(pa.float32())),
+    pa.array([[[1.0, 2.0]], None], pa.list_(pa.list_(pa.float64()))),
+    pa.array([[1.0, float("nan"), 2.0]], pa.list_(pa.float32())),
+    pa.array([None, None], pa.float64()),
+    vector_struct([None, {"type": 1, "size": None, "indices": None, "values": [1.0]}]),
+], ids=["all null", "all misshapen", "nested", "nan", "scalar nulls", "vectors"])
+def test_null_policy_on_a_batch_with_no_valid_row(col):
+    """Every row invalid: empty inputs of the model's shape, every prediction null."""
+    sig = ONE if pa.types.is_list(col.type) or pa.types.is_struct(col.type) else \
+        Signature((TensorSpec("x", (), "float32"),), ONE.outputs, None, None)
+    (x,), invalid = inputs([col], sig=sig, on_invalid="null")
+    assert x.shape == (0, *sig.inputs[0].shape) and x.dtype == np.float32
+    assert invalid.all() and len(invalid) == len(col)
+    assert outputs_to_arrow([np.zeros((0, 1), "float32")], ONE, invalid).to_pylist() == [None] * len(col)
+    multi = outputs_to_arrow([np.zeros((0, 1)), np.zeros((0, 2))], MULTI_OUT, invalid)
+    assert multi.to_pylist() == [None] * len(col)
+
+
+def test_empty_batch_still_checks_the_column_type():
+    (x,), invalid = inputs([pa.array([], pa.list_(pa.float32()))])
+    assert x.shape == (0, 3) and invalid is None
+    with pytest.raises(ModelInputError, match="column 'c0' has type string"):
+        inputs([pa.array([], pa.list_(pa.string()))])
+
+
+MISSHAPEN_VECTORS = [
+    {"type": 1, "size": None, "indices": None, "values": [1.0, 2.0, 3.0]},   # good, dense
+    {"type": 1, "size": None, "indices": None, "values": [1.0, 2.0]},        # dense, too short
+    {"type": 0, "size": 3, "indices": [1], "values": [5.0]},                 # good, sparse
+    {"type": 0, "size": 4, "indices": [0], "values": [1.0]},                 # sparse, wrong size
+    {"type": 1, "size": None, "indices": None, "values": [1.0, 2.0, 3.0, 4.0]},  # dense, too long
+    {"type": 0, "size": 3, "indices": [3], "values": [1.0]},                 # index outside 0..2
+    None,
+]
+
+
+def test_misshapen_vectors_in_both_policies():
+    col = vector_struct(MISSHAPEN_VECTORS)
+    (x,), invalid = inputs([col], on_invalid="null")
+    np.testing.assert_array_equal(invalid, [False, True, False, True, True, True, True])
+    np.testing.assert_array_equal(x, [[1, 2, 3], [0, 5, 0]])
+    with pytest.raises(ModelInputError, match="dense vector at row 1.*2 values.*3 features"):
+        inputs([col.slice(0, 6)], names=["v"])
+    with pytest.raises(ModelInputError, match="null.*row 6"):
+        inputs([col], names=["v"])
+    with pytest.raises(ModelInputError, match="sparse vector at row 0.*size 4"):
+        inputs([col.slice(3, 1)])

@@ -39,6 +39,15 @@ def _kind(t: pa.DataType) -> str:
     return "other"
 
 
+def _leaf_type(t: pa.DataType) -> pa.DataType:
+    """The element type under any nesting of lists (a Vector's values: float64)."""
+    if _kind(t) == "vector":
+        t = t.field("values").type
+    while _kind(t) == "list":
+        t = t.value_type
+    return t
+
+
 def _check_no_nulls(name: str, arr: pa.Array, spec: TensorSpec, where: str = "") -> None:
     if arr.null_count:
         raise ModelInputError(
@@ -96,8 +105,6 @@ def _vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> np.ndarray:
     """ML Vectors (type 1 dense, type 0 sparse) as a dense (n, size) float64 matrix."""
     _check_no_nulls(name, arr, spec)
     n = len(arr)
-    if n == 0:
-        return np.zeros((0, spec.size))
     fields = dict(zip((f.name for f in arr.type), arr.flatten()))  # offsets applied
     kinds = fields["type"].to_numpy(zero_copy_only=False)
     values = fields["values"]
@@ -149,6 +156,9 @@ def column_to_tensor(name: str, arr: pa.Array, spec: TensorSpec) -> np.ndarray:
         arr = arr.combine_chunks()
     kind = _kind(arr.type)
     n = len(arr)
+    if n == 0:  # an empty batch, or every row left out as invalid: only the type can be wrong
+        _numbers(name, pa.array([], _leaf_type(arr.type)), spec)
+        return np.zeros((0, *spec.shape), dtype=spec.dtype)
     if kind == "list":
         flat, per_row = _list_values(name, arr, spec)
         out = _reshape(name, flat, per_row, n, spec)
@@ -183,6 +193,7 @@ def invalid_rows(name: str, arr: pa.Array, spec: TensorSpec) -> np.ndarray:
     kind = _kind(arr.type)
     bad = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     if kind == "vector":
+        bad |= _misshapen_vectors(arr, spec.size)
         arr = dict(zip((f.name for f in arr.type), arr.flatten()))["values"]  # dense/sparse values
     rows = np.arange(n)
     counts = np.ones(n, dtype=np.int64)
@@ -202,6 +213,23 @@ def invalid_rows(name: str, arr: pa.Array, spec: TensorSpec) -> np.ndarray:
     bad |= np.bincount(rows, weights=leaf_bad, minlength=n).astype(bool)
     if kind != "vector":  # a sparse vector stores fewer values than its size
         bad |= counts != (spec.size if kind == "list" else 1)
+    return bad
+
+
+def _misshapen_vectors(arr: pa.StructArray, size: int) -> np.ndarray:
+    """ML Vector rows that do not hold ``size`` features: a dense vector with another
+    number of values, a sparse one of another size or with an index outside it."""
+    n = len(arr)
+    fields = dict(zip((f.name for f in arr.type), arr.flatten()))
+    dense = fields["type"].fill_null(1).to_numpy(zero_copy_only=False) == 1
+    sizes = fields["size"].fill_null(size).to_numpy(zero_copy_only=False)
+    lengths = np.diff(fields["values"].offsets.to_numpy())
+    bad = np.where(dense, lengths, sizes) != size
+    indices = fields["indices"]
+    parents = pc.list_parent_indices(indices).to_numpy()
+    flat = pc.list_flatten(indices).fill_null(-1).to_numpy(zero_copy_only=False)
+    outside = (flat < 0) | (flat >= size)
+    bad |= ~dense & np.bincount(parents, weights=outside, minlength=n).astype(bool)
     return bad
 
 
