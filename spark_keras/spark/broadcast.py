@@ -55,7 +55,9 @@ class BroadcastModel(ModelHandle):
         model, payload = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
                                payload=payload)
-        self._key = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+        self._name = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+        self._epoch = 0
+        self._key = self._name
         self._model: Any = model
         self._nbytes = len(payload)
         self._signature: Signature | None = None
@@ -121,9 +123,15 @@ class BroadcastModel(ModelHandle):
     # --- lifecycle -----------------------------------------------------------------------
 
     def unpersist(self, blocking: bool = False) -> None:
-        """Delete the broadcast's copies on executors (re-sent if used again); cached
-        models are dropped by workers as soon as they unpickle any later handle."""
+        """Delete the broadcast's copies on executors (re-sent if used again).
+
+        Workers drop the model built from them as soon as they unpickle any later handle.
+        The handle stays usable under a new :attr:`key`: a worker that uses it again
+        rebuilds the model once, then serves it from its cache as before.
+        """
         _released.append(self._key)
+        self._epoch += 1
+        self._key = f"{self._name}.{self._epoch}"
         self._broadcast.unpersist(blocking)
 
     def destroy(self, blocking: bool = False) -> None:
@@ -151,7 +159,8 @@ def _restore(key: str, broadcast: Any, nbytes: int, signature: Signature,
     for old in released:
         model_cache.drop(old)
     handle = BroadcastModel.__new__(BroadcastModel)
-    handle._key, handle._broadcast, handle._nbytes = key, broadcast, nbytes
+    handle._key, handle._name, handle._epoch = key, key, 0
+    handle._broadcast, handle._nbytes = broadcast, nbytes
     handle._model, handle._signature, handle._released = None, signature, False
     return handle
 
