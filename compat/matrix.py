@@ -10,7 +10,8 @@ Legs (see README, "Support matrix"):
 Every leg installs the package with the pins of ``constraints.txt``, except the pins the
 leg replaces. Venvs are reused while ``setup.cfg``/``constraints.txt`` are unchanged.
 Usage: ``python compat/matrix.py [--setup-only] [leg ...] [pytest options]``; exits
-non-zero if any leg fails. ``--setup-only`` just creates the legs' venvs.
+non-zero if any leg fails (a leg whose tests were all skipped, or that ran no test,
+counts as failed). ``--setup-only`` just creates the legs' venvs.
 Standard library only: it runs before any venv exists.
 """
 
@@ -102,6 +103,49 @@ def versions(python: str, env: dict[str, str]) -> dict[str, str]:
     return {"python": out[0], "pyspark": out[1], "keras": f"{out[2]} {out[3]}"}
 
 
+def run_pytest(python: str, args: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """``python -m pytest -q ARGS`` from the repository root, its output streamed (so CI
+    logs show progress) and returned as lines, with the exit status."""
+    lines: list[str] = []
+    with subprocess.Popen([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                          env=env, cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+    return proc.returncode, lines
+
+
+_OUTCOMES = {"passed": "passed", "failed": "failed", "error": "error", "errors": "error",
+             "skipped": "skipped", "xfailed": "xfailed", "xpassed": "xpassed",
+             "deselected": "deselected", "warning": "warnings", "warnings": "warnings"}
+_COUNT = re.compile(r"(\d+) (" + "|".join(_OUTCOMES) + r")\b")
+_SUMMARY = re.compile(r"^=*\s*(no tests ran|\d+ (" + "|".join(_OUTCOMES) + r")\b.*) in [\d.]+s")
+
+
+def leg_result(returncode: int, lines: list[str]) -> tuple[bool, str]:
+    """``(ok, "PASS|FAIL|SKIPPED|NO TESTS <pytest summary>")`` for one leg.
+
+    A leg passes only if pytest exited 0 *and* at least one test passed: a leg whose
+    tests were all skipped (a missing dependency, say) or that collected nothing proved
+    nothing, and counts as a failure.
+    """
+    summary_line = next((line for line in reversed(lines) if _SUMMARY.match(line.strip())), None)
+    if summary_line is None:
+        return False, f"FAIL (exit status {returncode}, no pytest summary)"
+    summary = summary_line.strip().strip("= ")
+    counts: dict[str, int] = {}
+    for number, outcome in _COUNT.findall(summary):
+        key = _OUTCOMES[outcome]
+        counts[key] = counts.get(key, 0) + int(number)
+    if returncode not in (0, 5) or counts.get("failed") or counts.get("error"):
+        return False, f"FAIL {summary}"
+    if not counts.get("passed"):
+        return False, ("SKIPPED " if counts.get("skipped") else "NO TESTS ") + summary
+    return True, f"PASS {summary}"
+
+
 def run_leg(leg: Leg, pytest_args: list[str]) -> dict[str, str]:
     python = ensure_venv(leg)
     env = dict(os.environ, **leg.env, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python,
@@ -109,19 +153,10 @@ def run_leg(leg: Leg, pytest_args: list[str]) -> dict[str, str]:
     info = versions(python, env)
     started = time.monotonic()
     print(f"\n=== {leg.name}: {' '.join(leg.tests)}", flush=True)
-    lines: list[str] = []
-    with subprocess.Popen([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *leg.tests, *pytest_args], env=env, cwd=ROOT, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
-        for line in proc.stdout:  # streamed, so CI logs show progress
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            lines.append(line)
-    ok = proc.returncode == 0
-    summary = next((line.strip().strip("= ") for line in reversed(lines)
-                    if re.search(r"\d+ (passed|failed|error)", line)), "no result")
-    info.update(leg=leg.name, result=("PASS " if ok else "FAIL ") + summary,
-                seconds=f"{time.monotonic() - started:.0f}", ok=str(ok))
+    returncode, lines = run_pytest(python, [*leg.tests, *pytest_args], env)
+    ok, result = leg_result(returncode, lines)
+    info.update(leg=leg.name, result=result, seconds=f"{time.monotonic() - started:.0f}",
+                ok=str(ok))
     return info
 
 
