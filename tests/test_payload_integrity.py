@@ -45,6 +45,57 @@ def test_flipped_byte_in_body(payload):
         sk.loads(corrupted)
 
 
+@pytest.fixture(scope="module")
+def large_payload() -> bytes:
+    data = sk.dumps(models.mlp(n_features=1100, hidden=1024))  # a 4.5 MB kernel
+    assert fmt.unpack(data).body.nbytes >= fmt.BodyCheck.THREAD_THRESHOLD  # threaded digest
+    return data
+
+
+def body_offset(data: bytes, kind: str) -> int:
+    """Where the first section of ``kind`` starts, from the start of ``data``."""
+    unpacked = fmt.unpack(data)
+    section = next(s for s in unpacked.sections if s.kind == kind)
+    return len(data) - unpacked.body.nbytes + section.offset
+
+
+@pytest.mark.parametrize("where", ["tensor", "config"])
+def test_flipped_byte_in_large_body(large_payload, where):
+    """Bodies >= 4 MiB are hashed in a thread while Keras rebuilds: still refused, and
+    refused as corrupted even when the flipped byte breaks the config first."""
+    corrupted = bytearray(large_payload)
+    corrupted[body_offset(large_payload, where) + (2_000_000 if where == "tensor" else 2)] ^= 0x04
+    with pytest.raises(sk.PayloadError, match="body checksum mismatch"):
+        sk.loads(corrupted)
+    with pytest.raises(sk.PayloadError, match="body checksum mismatch"):
+        fmt.unpack(corrupted)
+
+
+def test_format_version_zero(payload):
+    old = payload[:8] + struct.pack("<I", 0) + payload[12:]
+    with pytest.raises(sk.PayloadError, match="format version 0 is invalid"):
+        sk.loads(old)
+
+
+@pytest.mark.parametrize("extra", [1, 64, 4096])
+def test_trailing_bytes(payload, extra):
+    with pytest.raises(sk.PayloadError, match=f"{extra} unexpected trailing bytes"):
+        sk.loads(payload + bytes(extra))
+
+
+def test_header_over_the_limit():
+    """A header length over MAX_HEADER_BYTES is refused for that reason, even when the
+    data is long enough to hold it (so it is not a truncation)."""
+    claimed = fmt.MAX_HEADER_BYTES + 1
+    data = struct.pack("<8sII32s", fmt.MAGIC, fmt.FORMAT_VERSION, claimed, bytes(32))
+    data += bytes(claimed + 64)
+    with pytest.raises(sk.PayloadError) as refused:
+        sk.loads(data)
+    message = str(refused.value)
+    assert "header" in message and "truncated" not in message, message
+    assert str(fmt.MAX_HEADER_BYTES) in message or "64 MiB" in message, message
+
+
 def test_flipped_byte_in_header(payload):
     corrupted = bytearray(payload)
     corrupted[60] ^= 0x20

@@ -183,7 +183,12 @@ def unpack(data: Any, *, verify: bool = True) -> Unpacked:
         )
     if version < 1:
         raise PayloadError(f"payload format version {version} is invalid")
-    if header_len > MAX_HEADER_BYTES or PREAMBLE_SIZE + header_len > view.nbytes:
+    if header_len > MAX_HEADER_BYTES:
+        raise PayloadError(
+            f"payload corrupted: header is {header_len} bytes, over the {MAX_HEADER_BYTES}-byte "
+            f"limit (64 MiB)"
+        )
+    if PREAMBLE_SIZE + header_len > view.nbytes:
         raise PayloadError(
             f"payload truncated or corrupted: header claims {header_len} bytes, "
             f"{view.nbytes - PREAMBLE_SIZE} available"
