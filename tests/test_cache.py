@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
-from spark_keras.cache import ModelCache
+from spark_keras.cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, ModelCache
+
+from .conftest import REPO_ROOT
 
 
 def test_concurrent_requests_build_once():
@@ -56,3 +62,61 @@ def test_lru_by_entries_and_bytes():
     cache.configure(max_entries=1, max_bytes=10**6)
     assert cache.drop("huge") and not cache.drop("huge")
     assert cache.info()["entries"] == 0
+
+
+def test_configure_shrinking_evicts_least_recent_at_once():
+    cache = ModelCache(max_entries=4, max_bytes=1000)
+    for key, nbytes in (("a", 10), ("b", 20), ("c", 30), ("d", 40)):
+        cache.get_or_build(key, lambda key=key, nbytes=nbytes: (key, nbytes))
+    cache.get_or_build("b", lambda: ("rebuilt", 20))
+    cache.get_or_build("a", lambda: ("rebuilt", 10))  # recency, oldest first: c, d, b, a
+    cache.configure(max_entries=2)
+    info = cache.info()
+    assert info["keys"] == ["b", "a"] and info["evictions"] == 2 and info["bytes"] == 30
+    cache.configure(max_bytes=15)
+    info = cache.info()
+    assert info["keys"] == ["a"] and info["evictions"] == 3 and info["bytes"] == 10
+    assert (info["max_entries"], info["max_bytes"]) == (2, 15)
+    # what was evicted is gone: asking again builds it
+    assert cache.get_or_build("c", lambda: ("c again", 5)).value == "c again"
+    assert cache.info()["builds_by_key"] == {"a": 1, "b": 1, "c": 2, "d": 1}
+
+
+_ENV_PROBE = """
+import json
+import spark_keras as sk
+from spark_keras.cache import model_cache
+limits = sk.cache_info()
+for key in ("a", "b", "c"):
+    model_cache.get_or_build(key, lambda key=key: (key, 600))
+after_bytes = sk.cache_info()
+sk.configure_cache(max_entries=1)
+print(json.dumps({"limits": limits, "after_bytes": after_bytes, "after_configure": sk.cache_info()}))
+"""
+
+
+def _probe_cache(**env: str) -> dict:
+    """cache_info() seen by a fresh process that imports spark_keras with ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_KERAS_CACHE_")}
+    proc = subprocess.run([sys.executable, "-c", _ENV_PROBE], env={**clean, **env}, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_limits_from_environment_at_import():
+    found = _probe_cache(SPARK_KERAS_CACHE_MAX_BYTES="1000", SPARK_KERAS_CACHE_MAX_ENTRIES="3")
+    assert (found["limits"]["max_bytes"], found["limits"]["max_entries"]) == (1000, 3)
+    # three 600-byte models under a 1000-byte limit: only the newest stays
+    assert found["after_bytes"]["keys"] == ["c"] and found["after_bytes"]["evictions"] == 2
+    assert found["after_bytes"]["builds"] == 3
+    # configure_cache reconfigures that same process-wide cache
+    assert found["after_configure"]["max_entries"] == 1 and found["after_configure"]["keys"] == ["c"]
+
+
+def test_unset_environment_gives_the_defaults():
+    found = _probe_cache()
+    assert found["limits"]["max_bytes"] == DEFAULT_MAX_BYTES
+    assert found["limits"]["max_entries"] == DEFAULT_MAX_ENTRIES
+    assert found["after_bytes"]["keys"] == ["a", "b", "c"] and found["after_bytes"]["evictions"] == 0
+    assert found["after_configure"]["keys"] == ["c"] and found["after_configure"]["evictions"] == 2

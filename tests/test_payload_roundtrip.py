@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 import keras
 import numpy as np
@@ -27,6 +28,11 @@ def assert_same_predictions(a, b, x, atol=1e-6):
         np.testing.assert_allclose(u, v, atol=atol, rtol=0)
 
 
+def names(variables):
+    """Variable names, auto-numbered ones ("variable_7") without their number."""
+    return [re.sub(r"^variable_\d+$", "variable", v.name) for v in variables]
+
+
 def round_trip(model, x, **kwargs):
     dump_kw = {k: kwargs.pop(k) for k in ("include_optimizer",) if k in kwargs}
     data = sk.dumps(model, **dump_kw)
@@ -34,8 +40,10 @@ def round_trip(model, x, **kwargs):
     clone = sk.loads(data, **kwargs)
     assert clone is not model
     assert_same_predictions(model, clone, x)
+    # (paths are not compared: Keras's own loader drops the model-name prefix too)
+    assert names(clone.weights) == names(model.weights)
     for v1, v2 in zip(model.weights, clone.weights):
-        assert v1.dtype == v2.dtype
+        assert v1.dtype == v2.dtype and v1.shape == v2.shape
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(v1), keras.ops.convert_to_numpy(v2))
     return clone
 
@@ -171,7 +179,7 @@ def test_batchnorm_embedding_lstm_conv(rng):
     round_trip(model, xs)
 
 
-def test_compiled_model_restores_compile_config_when_asked(rng):
+def test_compiled_model_restores_compile_config_when_asked(tmp_path, rng):
     model = models.seed_001_model()
     x = rng.standard_normal((64, 42)).astype("float32")
     model.fit(x, rng.integers(0, 2, (64, 1)), epochs=2, verbose=0)
@@ -180,7 +188,14 @@ def test_compiled_model_restores_compile_config_when_asked(rng):
     full = round_trip(model, x, include_optimizer=True)
     assert full.compiled and type(full.optimizer).__name__ == "Nadam"
     assert int(full.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) > 0
+    # the same slots as Keras's own loader gives (names hold the variable path, which
+    # loses the model-name prefix on any reload), in the same order, with the same values
+    model.save(tmp_path / "m.keras")
+    reference = keras.saving.load_model(tmp_path / "m.keras")
+    assert len(full.optimizer.variables) == len(model.optimizer.variables) == 7
+    assert names(full.optimizer.variables) == names(reference.optimizer.variables)
     for v1, v2 in zip(model.optimizer.variables, full.optimizer.variables):
+        assert v1.dtype == v2.dtype and v1.shape == v2.shape
         np.testing.assert_array_equal(np.asarray(v1), np.asarray(v2))
     assert full.loss == "binary_crossentropy"
     full.fit(x, rng.integers(0, 2, (64, 1)), epochs=1, verbose=0)  # can go on training
@@ -299,3 +314,57 @@ def test_initializers_are_skipped_but_uncovered_variables_initialized(monkeypatc
     models.mlp()
     assert len(calls) == 2
     assert_same_predictions(model, clone, rng.standard_normal((2, 8)).astype("float32"))
+
+
+@keras.saving.register_keras_serializable(package="sk_tests")
+class WithScratch(layers.Layer):
+    """Saves its kernel but not its scratch variable (as a layer may for a cache)."""
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], 2), name="kernel")
+        self.scratch = self.add_weight(shape=(3,), initializer="ones", trainable=False,
+                                       name="scratch")
+
+    def call(self, x):
+        return keras.ops.matmul(x, self.kernel) * self.scratch[0]
+
+    def save_own_variables(self, store):
+        store["0"] = self.kernel.numpy()
+
+    def load_own_variables(self, store):
+        self.kernel.assign(store["0"])
+
+
+def test_variables_missing_from_the_payload_get_their_initializers(tmp_path, rng):
+    """State Keras does not save (SeedGenerator states, a layer's unsaved variable) is
+    absent from the payload; the rebuild gives it its real initial value, exactly as
+    keras.saving.load_model does, instead of leaving it unmaterialized (zeros)."""
+    model = keras.Sequential([keras.Input((4,)), layers.Dropout(0.5, seed=3),
+                              layers.GaussianNoise(0.1, seed=5), WithScratch()])
+    x = rng.standard_normal((8, 4)).astype("float32")
+    model(x, training=True)  # advances the seed states
+    model.layers[-1].scratch.assign(np.full(3, 5.0, "float32"))
+    data = sk.dumps(model)
+    stored = [s.name for s in fmt.unpack(data).sections if s.kind == "tensor"]
+    assert stored == ["layers/with_scratch/0"]  # the payload lacks the other three variables
+
+    clone = sk.loads(data)
+    model.save(tmp_path / "m.keras")
+    reference = keras.saving.load_model(tmp_path / "m.keras")
+
+    def unsaved(m):
+        return [keras.ops.convert_to_numpy(v) for v in m.variables
+                if v.name in ("seed_generator_state", "scratch")]
+
+    found = unsaved(clone)
+    assert len(found) == 3 and all(u.dtype == v.dtype for u, v in zip(found, unsaved(reference)))
+    for mine, theirs in zip(found, unsaved(reference)):
+        np.testing.assert_array_equal(mine, theirs)
+    np.testing.assert_array_equal(found[0], [3, 0])  # Dropout's seed, not zeros
+    np.testing.assert_array_equal(found[2], np.ones(3))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(clone.layers[-1].kernel),
+                                  keras.ops.convert_to_numpy(model.layers[-1].kernel))
+    assert_same_predictions(reference, clone, x)
+    np.testing.assert_array_equal(  # same random streams as Keras's own loader
+        keras.ops.convert_to_numpy(clone(x, training=True)),
+        keras.ops.convert_to_numpy(reference(x, training=True)))
