@@ -1,16 +1,22 @@
-"""Scoring throughput on local Spark: spark_keras against the ways people write it today.
+"""Scoring throughput on local Spark: spark_keras against the ways people write it today
+and against a hand-written best case.
 
 All methods run in one Spark session on the same cached DataFrame, each warmed up first
-(worker start, TensorFlow import, model build) and then timed (best of two when a run
-takes under 8 s), writing to Spark's ``noop`` sink so nothing is collected. Peak RSS per Python worker is read from
-/proc/<pid>/status (VmHWM), reset before each method through /proc/<pid>/clear_refs.
+(worker start, TensorFlow import, model build) on every 20th row and then timed (best of
+two when a run takes under 8 s), writing to Spark's ``noop`` sink so nothing is collected.
+The warm-up's predictions are collected and compared with ``model.predict`` on the same
+rows: a method that disagrees stops the benchmark (:class:`PredictionMismatch`).
+Peak RSS per Python worker is read from /proc/<pid>/status (VmHWM), reset before each
+method through /proc/<pid>/clear_refs.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -120,7 +126,95 @@ def input_columns(workload: Workload, variant: str) -> list[str]:
     return ["features"]
 
 
+def feature_array(variant: str, cols: list[str]):
+    """The input as one array<float> column: what predict_batch_udf needs (its error
+    message tells users to build it) and what the prediction check reads on the driver."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    if variant == "scalars":
+        return F.array(*cols).cast("array<float>")
+    if variant == "vector":
+        return vector_to_array("features", "float32")
+    return F.col("features")
+
+
+def sample(df):
+    """The warm-up and check rows: every 20th id (5%), from every partition."""
+    return df.where(df["id"] % 20 == 0)
+
+
+# --- the check: every method returns the model's own predictions ---------------------------
+
+class PredictionMismatch(AssertionError):
+    """A method's predictions differ from ``model.predict`` on the same rows."""
+
+
+@dataclass
+class Expected:
+    ids: np.ndarray      # sorted
+    outputs: np.ndarray  # (rows, values per row), in the order of ids
+
+
+def _column_values(column) -> np.ndarray:
+    """A float or array<float> Arrow column's values, flat (nulls as NaN, null lists dropped)."""
+    import pyarrow as pa
+
+    array = column.combine_chunks()
+    if pa.types.is_list(array.type):
+        array = array.flatten()
+    return array.to_numpy(zero_copy_only=False)
+
+
+def expected_predictions(model, df, workload: Workload, variant: str, cols: list[str]) -> Expected:
+    """``model.predict`` on the driver for the sample rows, read from the same cached
+    DataFrame (same ids, same F.rand features) the methods score."""
+    table = sample(df).select("id", feature_array(variant, cols).alias("x")).toArrow().sort_by("id")
+    x = _column_values(table.column("x")).reshape(-1, *workload.input_shape)
+    y = model.predict(x, batch_size=workload.batch_size, verbose=0)
+    return Expected(table.column("id").to_numpy(), y.reshape(len(x), -1))
+
+
+def check_predictions(method: str, got, expected: Expected, rtol: float = 1e-3,
+                      atol: float = 1e-4) -> None:
+    """Raise PredictionMismatch unless the Arrow table ``got`` (id, prediction) holds the
+    expected rows with the expected predictions."""
+    got = got.sort_by("id")
+    ids = got.column("id").to_numpy()
+    if not np.array_equal(ids, expected.ids):
+        raise PredictionMismatch(f"{method} returned {len(ids)} rows whose ids are not the "
+                                 f"{len(expected.ids)} rows it was given")
+    values = _column_values(got.column("prediction"))
+    if values.size != expected.outputs.size:
+        raise PredictionMismatch(f"{method} returned {values.size} prediction values for "
+                                 f"{len(ids)} rows; model.predict gives {expected.outputs.size}")
+    values = values.reshape(expected.outputs.shape)
+    close = np.isclose(values, expected.outputs, rtol=rtol, atol=atol).all(axis=1)
+    if not close.all():
+        i = int(np.argmin(close))
+        raise PredictionMismatch(
+            f"{method}: {int((~close).sum())} of {len(ids)} rows differ from model.predict on the "
+            f"same rows (rtol {rtol}, atol {atol}); first at id {ids[i]}: {values[i]} instead of "
+            f"{expected.outputs[i]}")
+
+
 # --- the methods -----------------------------------------------------------------------------
+
+PREDICT_BATCH_UDF = "predict_batch_udf"
+TRANSFORM = "BroadcastModel.transform"
+BEST_CASE = "hand-written mapInArrow (best case)"
+IDENTITY = "identity mapInArrow"
+
+
+def _is_scalar(model) -> bool:
+    return int(np.prod(model.outputs[0].shape[1:])) == 1
+
+
+def _prediction_type(scalar: bool):
+    from pyspark.sql.types import ArrayType, FloatType
+
+    return FloatType() if scalar else ArrayType(FloatType())
+
 
 def _series_to_batch(series_list, shape):
     if len(series_list) > 1:  # scalar columns
@@ -134,12 +228,12 @@ def _series_to_batch(series_list, shape):
 
 def method_predict_batch_udf(spark, model, workload, variant, cols):
     """pyspark.ml.functions.predict_batch_udf, model rebuilt from broadcast config + weights,
-    calling model.predict (how its users write it)."""
-    from pyspark.ml.functions import predict_batch_udf, vector_to_array
-    from pyspark.sql import functions as F
+    calling model.predict on each batch of batch_size rows in one step (batch_size=len(x):
+    the same model batch size as the other methods; Keras's default would be 32)."""
+    from pyspark.ml.functions import predict_batch_udf
 
     bc = spark.sparkContext.broadcast((model.to_json(), model.get_weights()))
-    scalar = int(np.prod(model.outputs[0].shape[1:])) == 1
+    scalar = _is_scalar(model)
 
     def make_predict_fn():
         import keras
@@ -149,31 +243,25 @@ def method_predict_batch_udf(spark, model, workload, variant, cols):
         m.set_weights(weights)
 
         def predict(x):
-            y = m.predict(x, verbose=0)
+            y = m.predict(x, batch_size=len(x), verbose=0)
             return y.reshape(-1) if scalar else y
 
         return predict
 
-    from pyspark.sql.types import ArrayType, FloatType
-
-    udf = predict_batch_udf(make_predict_fn, return_type=FloatType() if scalar else ArrayType(FloatType()),
+    udf = predict_batch_udf(make_predict_fn, return_type=_prediction_type(scalar),
                             batch_size=workload.batch_size,
                             input_tensor_shapes=[list(workload.input_shape)])
-    args = [F.col(c) for c in cols]
-    if variant == "scalars":  # what its error message tells users to do
-        args = [F.array(*cols).cast("array<float>")]
-    elif variant == "vector":
-        args = [vector_to_array("features", "float32")]
-    return lambda df: df.select("id", udf(*args).alias("prediction"))
+    return lambda df: df.select("id", udf(feature_array(variant, cols)).alias("prediction"))
 
 
 def method_closure_pandas_udf(spark, model, workload, variant, cols):
-    """A plain pandas_udf with the Keras model captured in its closure, model.predict."""
+    """A plain pandas_udf with the Keras model captured in its closure, model.predict with
+    the same model batch size as the other methods."""
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
     shape = workload.input_shape
-    scalar = int(np.prod(model.outputs[0].shape[1:])) == 1
+    scalar = _is_scalar(model)
 
     def predict(batches: Iterator[Any]) -> Iterator[pd.Series]:
         for batch in batches:
@@ -185,7 +273,7 @@ def method_closure_pandas_udf(spark, model, workload, variant, cols):
 
     item = pd.Series if len(cols) == 1 else Tuple[(pd.Series,) * len(cols)]
     predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pd.Series]}
-    udf = pandas_udf(predict, "float" if scalar else "array<float>")
+    udf = pandas_udf(predict, _prediction_type(scalar))
     return lambda df: df.select("id", udf(*cols).alias("prediction"))
 
 
@@ -204,6 +292,78 @@ def method_transform(spark, model, workload, variant, cols):
     return lambda df: bm.transform(df, cols, batch_size=workload.batch_size).select("id", "prediction")
 
 
+_BEST_CASE_CALLS: dict[str, Callable] = {}  # in each worker process: broadcast key -> tf.function
+
+
+def _best_case_call(key: str, bc, input_shape: tuple[int, ...]) -> Callable:
+    """The model rebuilt once per worker process from the broadcast, as one tf.function."""
+    call = _BEST_CASE_CALLS.get(key)
+    if call is None:
+        import keras
+        import tensorflow as tf
+
+        config, weights = bc.value
+        model = keras.models.model_from_json(config)
+        model.set_weights(weights)
+        call = tf.function(lambda x: model(x, training=False), autograph=False,
+                           input_signature=[tf.TensorSpec((None, *input_shape), tf.float32)])
+        _BEST_CASE_CALLS[key] = call
+    return call
+
+
+def _arrow_features(batch, variant: str, cols: list[str], shape: tuple[int, ...]) -> np.ndarray:
+    """The batch's features as float32, no per-row objects: a zero-copy view of an
+    array<float> column; one copy to stack scalar columns or narrow a Vector's float64."""
+    import pyarrow.compute as pc
+
+    if variant == "scalars":
+        return np.stack([batch.column(c).to_numpy() for c in cols], axis=1, dtype=np.float32).reshape(-1, *shape)
+    column = batch.column(cols[0])
+    if variant == "vector":
+        column = pc.struct_field(column, "values")  # (all dense here)
+    return column.flatten().to_numpy().astype(np.float32, copy=False).reshape(-1, *shape)
+
+
+def _arrow_prediction(y: np.ndarray, scalar: bool):
+    import pyarrow as pa
+
+    values = pa.array(y.reshape(-1))
+    if scalar:
+        return values
+    width = int(np.prod(y.shape[1:]))
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, len(values) + 1, width, dtype=np.int32)), values)
+
+
+def method_best_case(spark, model, workload, variant, cols):
+    """What a careful user writes by hand for this one model and input: the model rebuilt
+    once per worker from a broadcast of config + weights (kept in a module-level dict under
+    a key made with the broadcast), one tf.function of model(x, training=False), mapInArrow
+    with zero-copy Arrow-to-numpy. Like transform, it returns the input columns and the
+    prediction. No input checks, dense vectors only."""
+    import pyarrow as pa
+    from pyspark.sql.types import StructField, StructType
+
+    bc = spark.sparkContext.broadcast((model.to_json(), model.get_weights()))
+    key = uuid.uuid4().hex  # (a Broadcast has no public id on workers)
+    shape, batch_size, scalar = workload.input_shape, workload.batch_size, _is_scalar(model)
+
+    def score(batches):
+        call = _best_case_call(key, bc, shape)
+        for batch in batches:
+            x = _arrow_features(batch, variant, cols, shape)
+            # max(.., 1): an empty batch still makes one (empty) call, so concatenate has a part
+            y = np.concatenate([call(x[i:i + batch_size]).numpy()
+                                for i in range(0, max(len(x), 1), batch_size)])
+            yield pa.RecordBatch.from_arrays([*batch.columns, _arrow_prediction(y, scalar)],
+                                             names=[*batch.schema.names, "prediction"])
+
+    def frame(df):
+        schema = StructType([*df.schema.fields, StructField("prediction", _prediction_type(scalar))])
+        return df.mapInArrow(score, schema).select("id", "prediction")
+
+    return frame
+
+
 def method_identity(spark, model, workload, variant, cols):
     """Spark moving every row to a Python worker and back, no model: the data ceiling."""
     import pyarrow as pa
@@ -217,12 +377,14 @@ def method_identity(spark, model, workload, variant, cols):
 
 
 METHODS = {
-    "predict_batch_udf": method_predict_batch_udf,
+    PREDICT_BATCH_UDF: method_predict_batch_udf,
     "closure pandas_udf": method_closure_pandas_udf,
     "BroadcastModel.predict_udf": method_predict_udf,
-    "BroadcastModel.transform": method_transform,
-    "identity mapInArrow": method_identity,
+    TRANSFORM: method_transform,
+    BEST_CASE: method_best_case,
+    IDENTITY: method_identity,
 }
+CEILING = "ceiling 1/(1/raw+1/identity)"
 
 
 def raw_rows_per_second(model, workload, seconds: float = 3.0) -> float:
@@ -240,10 +402,15 @@ def raw_rows_per_second(model, workload, seconds: float = 3.0) -> float:
     return done / (time.perf_counter() - start)
 
 
-def time_action(frame_fn, df) -> tuple[float, float]:
-    """Warm up (worker start, TensorFlow import, model build, tracing) on 5% of the rows,
-    taken from every partition, then time the whole DataFrame."""
-    frame_fn(df.where(df["id"] % 20 == 0)).write.format("noop").mode("overwrite").save()
+def time_action(frame_fn, df, check: Callable[[Any], None] | None = None) -> tuple[float, float]:
+    """Warm up (worker start, TensorFlow import, model build, tracing) on the sample rows,
+    whose predictions are collected and given to ``check`` when there is one, then time the
+    whole DataFrame."""
+    warm = frame_fn(sample(df))
+    if check is None:
+        warm.write.format("noop").mode("overwrite").save()
+    else:
+        check(warm.toArrow())
     reset_peak_rss()
     times: list[float] = []
     while not times or (len(times) < 2 and times[0] < 8.0):  # best of 2 for short runs
@@ -282,6 +449,20 @@ def session(quick: bool):
             .getOrCreate())
 
 
+def table_rows(label: str, variant: str, measured: dict[str, tuple[float, float]],
+               raw: float) -> list[dict]:
+    """One row per method, then the raw model and the ceiling, each with its ratios to
+    predict_batch_udf, the hand-written best case, transform and the ceiling."""
+    ceiling = 1 / (1 / raw + 1 / measured[IDENTITY][0])
+    bases = {"x predict_batch_udf": measured[PREDICT_BATCH_UDF][0], "x best case": measured[BEST_CASE][0],
+             "x transform": measured[TRANSFORM][0], "x ceiling": ceiling}
+    entries = [*((name, rps, rss) for name, (rps, rss) in measured.items()),
+               ("raw model (1 process)", raw, None), (CEILING, ceiling, None)]
+    return [{"workload": label, "input": variant, "method": name, "rows/s": rps,
+             **{column: rps / base for column, base in bases.items()}, "peak worker RSS MB": rss}
+            for name, rps, rss in entries]
+
+
 def run(quick: bool = False) -> tuple[list[dict], dict]:
     """Rows for the table, and facts (baseline RSS, weights) for the notes."""
     import keras
@@ -295,32 +476,18 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
             model = workload.build()
             weights_mb = sum(w.numpy().nbytes for w in model.weights) / 2**20
             raw = raw_rows_per_second(model, workload, seconds=1.0 if quick else 4.0)
+            label = f"{workload.name} ({workload.rows:,} rows, batch {workload.batch_size})"
             for variant in workload.variants:
                 df = make_frame(spark, workload, variant, partitions=2 if quick else 8)
                 cols = input_columns(workload, variant)
+                expected = expected_predictions(model, df, workload, variant, cols)
                 measured: dict[str, tuple[float, float]] = {}
                 for name, make in METHODS.items():
-                    seconds, rss = time_action(make(spark, model, workload, variant, cols), df)
+                    check = None if name == IDENTITY else functools.partial(
+                        check_predictions, f"{name} ({label}, {variant})", expected=expected)
+                    seconds, rss = time_action(make(spark, model, workload, variant, cols), df, check)
                     measured[name] = (workload.rows / seconds, rss)
-                identity = measured["identity mapInArrow"][0]
-                ceiling = 1 / (1 / raw + 1 / identity)
-                pbu = measured["predict_batch_udf"][0]
-                transform = measured["BroadcastModel.transform"][0]
-                for name, (rps, rss) in measured.items():
-                    rows.append({
-                        "workload": f"{workload.name} ({workload.rows:,} rows)",
-                        "input": variant, "method": name, "rows/s": rps,
-                        "x predict_batch_udf": rps / pbu, "x ceiling": rps / ceiling,
-                        "x transform": rps / transform, "peak worker RSS MB": rss,
-                    })
-                rows.append({"workload": f"{workload.name} ({workload.rows:,} rows)", "input": variant,
-                             "method": "raw model (1 process)", "rows/s": raw,
-                             "x predict_batch_udf": raw / pbu, "x ceiling": raw / ceiling,
-                             "x transform": raw / transform, "peak worker RSS MB": None})
-                rows.append({"workload": f"{workload.name} ({workload.rows:,} rows)", "input": variant,
-                             "method": "ceiling 1/(1/raw+1/identity)", "rows/s": ceiling,
-                             "x predict_batch_udf": ceiling / pbu, "x ceiling": 1.0,
-                             "x transform": ceiling / transform, "peak worker RSS MB": None})
+                rows += table_rows(label, variant, measured, raw)
                 df.unpersist()
             facts[f"{workload.name} weights MB"] = weights_mb
             keras.backend.clear_session()
