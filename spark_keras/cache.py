@@ -35,7 +35,7 @@ DEFAULT_MAX_BYTES = 8 * 1024**3
 class _Entry:
     value: Any
     nbytes: int
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. compiled predict functions
+    memory: dict[str, Any] = field(default_factory=dict)  # shared/private weight bytes
 
 
 class ModelCache:
@@ -52,8 +52,10 @@ class ModelCache:
         self._evictions = 0
         self._build_seconds = 0.0
 
-    def get_or_build(self, key: str, build: Callable[[], tuple[Any, int]]) -> _Entry:
-        """The entry for ``key``; ``build()`` returns ``(value, nbytes)`` on a miss."""
+    def get_or_build(self, key: str, build: Callable[[], tuple]) -> _Entry:
+        """The entry for ``key``. On a miss ``build()`` returns ``(value, nbytes)`` or
+        ``(value, nbytes, memory)``, ``memory`` saying where the weights live
+        (``shared``, ``shared_bytes``, ``private_bytes``)."""
         with self._lock:
             entry = self._hit(key)
             if entry is not None:
@@ -65,17 +67,18 @@ class ModelCache:
                 if entry is not None:
                     return entry
             started = time.perf_counter()
-            value, nbytes = build()
+            value, nbytes, *memory = build()
             seconds = time.perf_counter() - started
-            entry = _Entry(value, nbytes)
+            entry = _Entry(value, nbytes, dict(memory[0]) if memory else {})
             with self._lock:
                 self._builds[key] = self._builds.get(key, 0) + 1
                 self._build_seconds += seconds
                 self._entries[key] = entry
                 self._evict_over_limits(keep=key)
                 self._building.pop(key, None)
-            logger.info("built model %s in %.2fs (pid %d)", key, seconds, os.getpid())
-            _log_build(key, seconds, nbytes)
+            logger.info("built model %s in %.2fs (pid %d)%s", key, seconds, os.getpid(),
+                        " on shared weights" if entry.memory.get("shared") else "")
+            _log_build(key, seconds, nbytes, entry.memory)
             return entry
 
     def _hit(self, key: str) -> _Entry | None:
@@ -128,6 +131,7 @@ class ModelCache:
                 "evictions": self._evictions,
                 "entries": len(self._entries),
                 "keys": list(self._entries),
+                "memory_by_key": {k: dict(e.memory) for k, e in self._entries.items()},
                 "bytes": self._total_bytes(),
                 "build_seconds": self._build_seconds,
                 "max_entries": self.max_entries,
@@ -135,12 +139,12 @@ class ModelCache:
             }
 
 
-def _log_build(key: str, seconds: float, nbytes: int) -> None:
+def _log_build(key: str, seconds: float, nbytes: int, memory: dict[str, Any]) -> None:
     folder = os.environ.get("SPARK_KERAS_BUILD_LOG")
     if not folder:
         return
     record = {"pid": os.getpid(), "host": socket.gethostname(), "key": key,
-              "seconds": round(seconds, 4), "nbytes": nbytes, "time": time.time()}
+              "seconds": round(seconds, 4), "nbytes": nbytes, "time": time.time(), **memory}
     try:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"builds-{record['host']}-{record['pid']}.jsonl")
@@ -176,7 +180,9 @@ model_cache = ModelCache(
 
 def cache_info() -> dict[str, Any]:
     """This process's model cache statistics: builds (total and by key), hits, evictions,
-    entries, bytes, seconds spent building, limits, and the process id."""
+    entries, bytes, seconds spent building, limits, the process id, and per entry
+    (``memory_by_key``) whether its weights are shared with other processes
+    (``shared``) and how many weight bytes are shared and private to this process."""
     return model_cache.info()
 
 

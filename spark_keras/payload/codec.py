@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import time
 from typing import Any, Mapping
@@ -19,7 +18,7 @@ import numpy as np
 from .. import __version__, flavour
 from ..errors import PayloadError
 from . import format as fmt
-from . import round_trip
+from . import mapped, round_trip
 
 logger = logging.getLogger("spark_keras")
 
@@ -90,12 +89,15 @@ def _json_bytes(obj: Any, what: str) -> bytes:
 
 
 def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
-          safe_mode: bool = True) -> Any:
+          safe_mode: bool = True, share_weights: bool = False) -> Any:
     """Rebuild a Keras model from payload bytes (bytes, bytearray or memoryview).
 
     Weights are read in place (zero-copy views) and copied once, into the variables.
     ``safe_mode=True`` (the default) refuses Lambda layers and other objects that
     would run arbitrary code; pass ``safe_mode=False`` only for payloads you trust.
+    ``share_weights=True`` makes the variables adopt ``data``'s memory instead of
+    copying it (Keras 3 with TensorFlow; see :func:`load`); ``data`` must then be
+    writable and must not change while the model lives.
 
     Raises:
         PayloadError: corrupted, truncated, newer-format or other-flavour payloads.
@@ -107,9 +109,11 @@ def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
     body_check = fmt.BodyCheck(unpacked)  # runs while Keras rebuilds the model
     try:
         config, entries, assets = _read_sections(unpacked)
+        sharing = {"share_weights": True} if share_weights and mapped.supported() else {}
         model = _state_module().rebuild(config, entries, assets,
                                         custom_objects=dict(custom_objects or {}),
-                                        safe_mode=safe_mode, before_state=body_check.wait)
+                                        safe_mode=safe_mode, before_state=body_check.wait,
+                                        **sharing)
     except Exception as exc:
         body_check.wait()  # a corrupted body explains any failure best
         if isinstance(exc, PayloadError):
@@ -196,25 +200,37 @@ def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None
 
 
 def load(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
-         safe_mode: bool = True) -> Any:
-    """Load a payload file, memory-mapped (weights are not read into a second buffer)."""
+         safe_mode: bool = True, share_weights: bool = False) -> Any:
+    """Load a payload file, memory-mapped (weights are not read into a second buffer).
+
+    ``share_weights=True`` (Keras 3 with TensorFlow) maps the file copy-on-write and
+    makes the model's variables views of the mapping: every process loading the same
+    file shares one copy of the weights (the page cache's). Writes to the variables
+    (training, ``assign``) copy the pages they touch into this process only; the file
+    and other processes never see them. Elsewhere the weights are copied as usual.
+    """
+    return load_mapped(path, custom_objects=custom_objects, safe_mode=safe_mode,
+                       share_weights=share_weights)[0]
+
+
+def load_mapped(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
+                safe_mode: bool = True, share_weights: bool = False
+                ) -> tuple[Any, mapped.WeightMemory]:
+    """:func:`load`, and where the model's weights ended up (shared or private bytes)."""
+    view = mapped.map_file(path, copy_on_write=share_weights)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise PayloadError(f"payload file {os.fspath(path)!r} is empty")
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise PayloadError(f"cannot read payload file {os.fspath(path)!r}: {exc}") from exc
-    try:
-        return loads(memoryview(mapped), custom_objects=custom_objects, safe_mode=safe_mode)
+        model = loads(view, custom_objects=custom_objects, safe_mode=safe_mode,
+                      share_weights=share_weights)
+        memory = mapped.weight_memory(model, view if share_weights else None)
     except PayloadError as exc:
+        mapped.close(view)
         raise PayloadError(f"{os.fspath(path)}: {exc}") from exc
-    finally:
-        try:
-            mapped.close()
-        except BufferError:  # a view is still referenced somewhere; GC closes it
-            pass
+    except BaseException:
+        mapped.close(view)
+        raise
+    if not share_weights:  # shared: the variables keep the mapping alive
+        mapped.close(view)
+    return model, memory
 
 
 def is_payload(data: Any) -> bool:

@@ -32,6 +32,7 @@ from keras.src.saving.serialization_lib import (
 
 from ..errors import PayloadError
 from .assets import Assets, asset_folder, read_tree
+from .mapped import shared_tensor
 from .round_trip import constructor_takes_arguments
 
 Entries = dict[str, dict[str, np.ndarray]]  # saveable path -> {variable key: array}
@@ -145,7 +146,10 @@ def _install_initializer_patch() -> None:
         def assign(self, value):
             pending = getattr(_local, "pending", None)
             if pending and pending.pop(id(self), None) is not None and self._value is None:
-                tensor = self._convert_to_tensor(value, dtype=self._dtype)
+                tensor = shared_tensor(value, self._dtype) if getattr(_local, "share", False) \
+                    else None
+                if tensor is None:
+                    tensor = self._convert_to_tensor(value, dtype=self._dtype)
                 if tuple(tensor.shape) != tuple(self._shape):
                     raise ValueError(
                         f"payload value for {self.path} has shape {tuple(tensor.shape)}, "
@@ -175,24 +179,28 @@ def _cache_attr_skipsets() -> None:
 
 
 @contextlib.contextmanager
-def _skipping_initializers() -> Iterator[dict[int, tuple[Any, Any]]]:
+def _skipping_initializers(share: bool) -> Iterator[dict[int, tuple[Any, Any]]]:
+    """Within: new variables wait for their payload value; with ``share``, a value
+    that is a suitable view of a mapped file becomes the variable's buffer itself."""
     _install_initializer_patch()
-    outer = getattr(_local, "pending", None)
+    outer = getattr(_local, "pending", None), getattr(_local, "share", False)
     pending: dict[int, tuple[Any, Any]] = {}
-    _local.pending = pending
+    _local.pending, _local.share = pending, share
     try:
         yield pending
     finally:
-        _local.pending = outer
+        _local.pending, _local.share = outer
 
 
 def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
             custom_objects: dict[str, Any] | None, safe_mode: bool,
-            before_state: Any = None) -> Any:
+            before_state: Any = None, share_weights: bool = False) -> Any:
     """A model from its serialized config and captured state. ``config`` is consumed.
 
     ``before_state`` (if given) is called once the model is built, before any state is
-    loaded into it (the payload checksum is verified there).
+    loaded into it (the payload checksum is verified there). With ``share_weights``,
+    variables adopt the arrays of ``entries`` as their buffers where that is safe
+    (:mod:`.mapped`); the arrays must then outlive the model (views of a mapping do).
     """
     _cache_attr_skipsets()
     compile_config = config.pop("compile_config", None)
@@ -201,7 +209,7 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
         folder = stack.enter_context(asset_folder(assets))
         assets_store = saving_lib.DiskIOStore(folder, mode="r") if folder else None
         store = MemoryStore("r", entries)
-        with _skipping_initializers() as pending:
+        with _skipping_initializers(share_weights) as pending:
             with ObjectSharingScope():
                 model = deserialize_keras_object(config, custom_objects=custom_objects,
                                                  safe_mode=safe_mode)

@@ -8,11 +8,18 @@ carry a :class:`Shipment`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
 
-from .codec import dumps, loads
+from ..errors import PayloadError
+from . import format as fmt
+from . import host_file, mapped
+from .codec import dumps, load_mapped, loads
+from .mapped import weight_memory
 from .pickling import referenced_objects
+
+logger = logging.getLogger("spark_keras")
 
 
 @dataclass(frozen=True, repr=False)
@@ -38,13 +45,53 @@ class Shipment:
             payload = dumps(model, custom_objects=custom_objects)
         return cls(payload, cloudpickle.dumps(objects) if objects else b"", safe_mode)
 
-    def build(self) -> tuple[Any, int]:
-        """``(model, payload size)``: the signature :meth:`ModelCache.get_or_build` wants."""
+    def without_payload(self) -> "Shipment":
+        """This shipment minus the payload bytes (which travel another way)."""
+        return replace(self, payload=b"")
+
+    def _objects(self) -> dict[str, Any] | None:
         import pickle
 
-        objects = pickle.loads(self.objects) if self.objects else None
-        return loads(self.payload, custom_objects=objects, safe_mode=self.safe_mode), \
-            len(self.payload)
+        return pickle.loads(self.objects) if self.objects else None
+
+    def build(self) -> tuple[Any, int, dict[str, Any]]:
+        """``(model, payload size, weight memory)``, as :meth:`ModelCache.get_or_build`
+        wants it; the weights are copied into this process."""
+        model = loads(self.payload, custom_objects=self._objects(), safe_mode=self.safe_mode)
+        return model, len(self.payload), weight_memory(model, None).as_dict()
+
+    def build_shared(self, folder: str, key: str, nbytes: int,
+                     fetch: Callable[[], Any] | None = None) -> tuple[Any, int, dict[str, Any]]:
+        """Like :meth:`build`, on weights shared by every process of this host: the
+        payload lands once in ``folder`` (:mod:`.host_file`; written from ``fetch()``,
+        by default this shipment's payload) and the model's variables are views of that
+        file, mapped copy-on-write. A damaged file is rewritten once."""
+        fetch = fetch or (lambda: self.payload)
+        path = host_file.land(folder, key, nbytes, fetch)
+        try:
+            model, memory = load_mapped(path, custom_objects=self._objects(),
+                                        safe_mode=self.safe_mode, share_weights=True)
+        except PayloadError:
+            damaged = host_file.identity(path)
+            if damaged is None or _verifies(path):
+                raise  # the file is sound: the payload itself cannot be loaded here
+            logger.warning("payload file %s is damaged; rewriting it", path)
+            path = host_file.land(folder, key, nbytes, fetch, damaged=damaged)
+            model, memory = load_mapped(path, custom_objects=self._objects(),
+                                        safe_mode=self.safe_mode, share_weights=True)
+        return model, nbytes, memory.as_dict()
 
     def __repr__(self) -> str:
         return f"Shipment({len(self.payload) / 2**20:.1f} MB payload)"
+
+
+def _verifies(path: str) -> bool:
+    """True if the payload file at ``path`` is whole and passes its digest."""
+    view = mapped.map_file(path, copy_on_write=False)
+    try:
+        fmt.unpack(view)
+        return True
+    except PayloadError:
+        return False
+    finally:
+        mapped.close(view)
