@@ -37,6 +37,7 @@ from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
 from .inference.predictor import DEFAULT_BATCH_SIZE
 from .inference.signature import Signature, TensorSpec, model_outputs
+from .payload import host_file, mapped
 from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
@@ -56,8 +57,10 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
     workers now and workers started later when they join. The returned
     :class:`DaskModel` pickles as its key and size only; inside a task, ``handle.value`` is the
     model, built on first use in each worker process and cached
-    (:func:`spark_keras.cache_info`); each worker also keeps the payload, to rebuild the
-    model after a cache eviction. Use it for inference; to train on a worker, submit a
+    (:func:`spark_keras.cache_info`). With Keras 3 on TensorFlow the workers of a host
+    share one copy of the weights, mapped from a file the first of them writes; otherwise
+    each worker keeps the payload, to rebuild the model after a cache eviction.
+    Use it for inference; to train on a worker, submit a
     ``make_picklable`` model instead, which gives each task its own copy.
 
     Example::
@@ -88,8 +91,8 @@ class DaskModel(ModelHandle):
         self._model, self._client = model, client  # both None once unpickled
         self._signature: Signature | None = None
 
-    def _build(self) -> tuple[Any, int]:
-        return self._plugin().shipment.build()
+    def _build(self) -> tuple:
+        return self._plugin().build()
 
     def release(self) -> None:
         """Unregister the plugin: workers drop the payload and the cached model; tasks
@@ -131,13 +134,41 @@ class DaskModel(ModelHandle):
 
 class _ModelPlugin(WorkerPlugin):
     """Carries a :class:`Shipment` to each worker; building waits for the first task,
-    so a model that cannot be rebuilt fails that task instead of the worker."""
+    so a model that cannot be rebuilt fails that task instead of the worker.
+
+    With Keras 3 on TensorFlow, the first worker of a host to build writes the payload
+    to a file beside the workers' scratch folders, and every worker of the host builds
+    on weights mapped from it (one copy per host); a worker then lets go of its own
+    copy of the payload bytes. The file goes when the plugin is released."""
 
     def __init__(self, key: str, shipment: Shipment) -> None:
         self.name, self.shipment = key, shipment
+        self.nbytes = len(shipment.payload)
+        self.folder: str | None = None
+
+    def setup(self, worker: Any) -> None:
+        if mapped.supported():
+            scratch = os.path.dirname(os.path.abspath(worker.local_directory))
+            self.folder = os.path.join(scratch, "spark_keras")
+
+    def build(self) -> tuple:
+        if self.folder is None:
+            return self.shipment.build()
+        shipment = self.shipment
+        built = shipment.build_shared(self.folder, self.name, self.nbytes,
+                                      fetch=lambda: shipment.payload or _no_payload(self.name))
+        self.shipment = shipment.without_payload()
+        return built
 
     def teardown(self, worker: Any) -> None:
         model_cache.drop(self.name)
+        if self.folder is not None:
+            host_file.discard(self.folder, self.name)
+
+
+def _no_payload(key: str) -> bytes:
+    raise SparkKerasError(f"the host's payload file for {key} is missing or damaged and this "
+                          f"worker no longer holds the payload: ship the model again")
 
 
 # --- scoring dask collections ---------------------------------------------------------

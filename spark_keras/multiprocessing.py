@@ -12,18 +12,22 @@ executors and Dask workers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
+import tempfile
 import uuid
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
 from .cache import model_cache
-from .errors import ModelInputError
+from .errors import ModelInputError, PayloadError
 from .inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
 from .inference.signature import Signature, model_outputs, signature_of
+from .payload import host_file, mapped
 from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
@@ -34,7 +38,7 @@ __all__ = ["pool_predict"]
 def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
-                 context: str | Any = "spawn") -> Any:
+                 context: str | Any = "spawn", share_weights: bool = True) -> Any:
     """Predict ``arrays`` with ``model`` in a pool of worker processes.
 
     The pool's initializer receives the model's payload once per process; tasks (chunks
@@ -51,6 +55,9 @@ def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
         custom_objects: custom classes/functions the model needs beyond those found in
             it; both are shipped (cloudpickle), so ``__main__`` classes work.
         safe_mode: Keras ``safe_mode`` when rebuilding in the workers.
+        share_weights: (Keras 3 with TensorFlow) the parent writes the payload to a
+            temporary file once and every process builds on weights mapped from it,
+            one copy in memory for the whole pool; ``False``: a copy per process.
         context: a start method name or a ``multiprocessing`` context. ``"spawn"``
             (default) is safe with TensorFlow; as with any spawn pool, a script must
             create it under ``if __name__ == "__main__":``.
@@ -77,8 +84,17 @@ def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
     ctx = multiprocessing.get_context(context) if isinstance(context, str) else context
     logger.info("pool_predict %s: %d rows in %d tasks, %d processes", key, n, len(chunks),
                 min(processes, len(chunks)))
-    with ctx.Pool(min(processes, len(chunks)), initializer=_receive,
-                  initargs=(key, shipment)) as pool:
+    with contextlib.ExitStack() as stack:
+        folder = None
+        if share_weights and mapped.supported():
+            # the parent writes the payload file once; every child maps it
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_pool_"))
+            host_file.land(folder, key, len(shipment.payload), lambda: shipment.payload)
+            received = _Received(shipment.without_payload(), len(shipment.payload), folder)
+        else:
+            received = _Received(shipment, len(shipment.payload), None)
+        pool = stack.enter_context(ctx.Pool(min(processes, len(chunks)), initializer=_receive,
+                                            initargs=(key, received)))
         parts = pool.map(_predict_chunk, [(key, chunk, int(batch_size)) for chunk in chunks],
                          chunksize=1)
     return model_outputs([np.concatenate(p) for p in zip(*parts)], signature)
@@ -107,16 +123,36 @@ def _input_list(arrays: Any, signature: Signature) -> list[np.ndarray]:
 
 # --- in the pool's processes ----------------------------------------------------------
 
-_received: dict[str, Shipment] = {}
+@dataclass(frozen=True)
+class _Received:
+    """What a pool process gets once: the shipment (without its payload when the
+    payload waits in ``folder``, the pool's shared file)."""
+
+    shipment: Shipment
+    nbytes: int
+    folder: str | None
+
+    def build(self, key: str) -> tuple:
+        if self.folder is None:
+            return self.shipment.build()
+        return self.shipment.build_shared(self.folder, key, self.nbytes, fetch=_no_payload)
 
 
-def _receive(key: str, shipment: Shipment) -> None:
-    # Only store the bytes: a failing initializer would make the pool respawn workers
-    # forever, a failing task raises in the caller.
-    _received[key] = shipment
+def _no_payload() -> bytes:
+    raise PayloadError("the pool's payload file is missing or damaged, and pool processes "
+                       "have no copy of the payload to rewrite it from")
+
+
+_received: dict[str, _Received] = {}
+
+
+def _receive(key: str, received: _Received) -> None:
+    # Only store it: a failing initializer would make the pool respawn workers forever,
+    # a failing task raises in the caller.
+    _received[key] = received
 
 
 def _predict_chunk(task: tuple[str, list[np.ndarray], int]) -> list[np.ndarray]:
     key, arrays, batch_size = task
-    model = model_cache.get_or_build(key, _received[key].build).value
+    model = model_cache.get_or_build(key, lambda: _received[key].build(key)).value
     return predictor_for(model)(arrays, batch_size)

@@ -16,6 +16,7 @@ pytest.importorskip("distributed")
 from distributed import Client, LocalCluster  # noqa: E402
 
 import spark_keras as sk  # noqa: E402
+from spark_keras.cache import read_build_log  # noqa: E402
 from spark_keras.dask import PRELOAD_ENV, predict_dask, ship  # noqa: E402
 
 from . import models  # noqa: E402
@@ -85,6 +86,17 @@ def test_subclassed_model_in_20_tasks(client, build_log, rng):
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
     builds = builds_by_worker(build_log, handle.key)
     assert builds and len(builds) <= 2 and set(builds.values()) == {1}, builds
+    records = [r for r in read_build_log(build_log) if r["key"] == handle.key]
+    assert all(r["shared"] and r["private_bytes"] == 0 for r in records), records
+
+    def host_files(dask_worker):
+        folder = os.path.join(os.path.dirname(dask_worker.local_directory), "spark_keras")
+        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+    seen = client.run(host_files)  # both workers of this host see the same one file
+    assert all(names == [f"{handle.key}.skp", f"{handle.key}.skp.lock"] for names in seen.values()), seen
+    handle.release()
+    assert all(handle.key not in " ".join(names) for names in client.run(host_files).values())
 
 
 def test_training_on_a_worker_returns_new_weights(client, rng):

@@ -56,9 +56,18 @@ def test_pool_predict_equals_the_model_and_builds_once_per_process(tmp_path, mon
 
     assert isinstance(got, np.ndarray) and got.shape == (40, 5)
     np.testing.assert_allclose(got, np.asarray(model(x)), atol=1e-6, rtol=0)
-    builds = Counter((r["pid"], r["key"]) for r in read_build_log(str(tmp_path)))
+    records = read_build_log(str(tmp_path))
+    builds = Counter((r["pid"], r["key"]) for r in records)
     assert 1 <= len(builds) <= 2 and set(builds.values()) == {1}, builds
     assert os.getpid() not in {pid for pid, _ in builds}
+    # every process built on the parent's one file: no weight byte private to a process
+    assert all(r["shared"] and r["private_bytes"] == 0 for r in records), records
+
+    copies = tmp_path / "copies"
+    monkeypatch.setenv("SPARK_KERAS_BUILD_LOG", str(copies))
+    again = pool_predict(model, x[:8], processes=1, batch_size=8, share_weights=False)
+    np.testing.assert_array_equal(again, got[:8])
+    assert [r["shared"] for r in read_build_log(str(copies))] == [False]
 
 
 def test_pool_predict_multi_output_and_worker_errors(rng):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import uuid
@@ -13,6 +14,7 @@ from ..errors import SparkKerasError
 from ..handle import ModelHandle
 from ..inference.predictor import DEFAULT_BATCH_SIZE
 from ..inference.signature import Signature
+from ..payload import host_file, mapped
 from ..payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
@@ -31,6 +33,13 @@ class BroadcastModel(ModelHandle):
     it, including when the handle is captured in a UDF closure (closures are unpickled per
     task, the cache is not). The Keras object itself is never pickled.
 
+    With Keras 3 on TensorFlow, an executor holds one copy of the weights whatever its
+    number of Python workers: the first worker that needs the model writes the payload
+    to a file in the executor's Spark files folder (removed when the application ends),
+    and every worker builds its model on weights that are views of that file, mapped
+    copy-on-write (see :func:`spark_keras.load` with ``share_weights``). Such a model
+    is a normal Keras model; writes to its variables stay private to the worker.
+
     Args:
         spark: a ``SparkSession`` or ``SparkContext``.
         model_or_path: a Keras model, a ``.keras`` file, or a payload file
@@ -40,6 +49,9 @@ class BroadcastModel(ModelHandle):
             defined in the driver's ``__main__`` travel by value); the payload format
             itself stays pickle-free.
         safe_mode: Keras ``safe_mode`` when rebuilding (and when loading a ``.keras`` file).
+        share_weights: build on the executor's shared copy of the weights (default);
+            ``False`` gives every worker its own copy, as does legacy tf-keras, which
+            has no zero-copy path.
 
     Example::
 
@@ -50,7 +62,8 @@ class BroadcastModel(ModelHandle):
     """
 
     def __init__(self, spark: Any, model_or_path: Any, *,
-                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True) -> None:
+                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
+                 share_weights: bool = True) -> None:
         sc = getattr(spark, "sparkContext", spark)
         model, payload = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
@@ -61,7 +74,12 @@ class BroadcastModel(ModelHandle):
         self._model: Any = model
         self._nbytes = len(payload)
         self._signature: Signature | None = None
-        self._broadcast = sc.broadcast(shipment)
+        # the payload is broadcast on its own, so a worker that finds the executor's
+        # file already written never unpickles it; the rest travels in the handle
+        self._sc = sc
+        self._broadcast = sc.broadcast(payload)
+        self._recipe = shipment.without_payload()
+        self._share_weights = share_weights
         self._released = False
         logger.info("broadcast %s: %.1f MB payload", self._key, self._nbytes / 2**20)
 
@@ -71,10 +89,15 @@ class BroadcastModel(ModelHandle):
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
 
-    def _build(self) -> tuple[Any, int]:
-        built = self._broadcast.value.build()
-        _forget_loaded_value(self._broadcast)
-        return built
+    def _build(self) -> tuple:
+        folder = executor_folder() if self._share_weights and mapped.supported() else None
+        try:
+            if folder is not None:
+                return self._recipe.build_shared(folder, self._key, self._nbytes,
+                                                 fetch=lambda: self._broadcast.value)
+            return dataclasses.replace(self._recipe, payload=self._broadcast.value).build()
+        finally:
+            _forget_loaded_value(self._broadcast)
 
     # --- inference helpers -----------------------------------------------------------
 
@@ -123,23 +146,32 @@ class BroadcastModel(ModelHandle):
     # --- lifecycle -----------------------------------------------------------------------
 
     def unpersist(self, blocking: bool = False) -> None:
-        """Delete the broadcast's copies on executors (re-sent if used again).
+        """Free the executors' copies: the broadcast blocks now; the cached models and
+        payload files when each worker next unpickles a handle.
 
-        Workers drop the model built from them as soon as they unpickle any later handle.
-        The handle stays usable under a new :attr:`key`: a worker that uses it again
-        rebuilds the model once, then serves it from its cache as before.
+        The handle stays usable: its payload is broadcast afresh under a new
+        :attr:`key` (executors fetch it only if it is used again), and a worker that
+        uses it again rebuilds the model once, then serves it from its cache.
         """
-        _released.append(self._key)
+        payload = self._broadcast.value  # the driver's copy, read from its file
+        self._release_key()
+        self._broadcast.destroy(blocking)
+        self._broadcast = self._sc.broadcast(payload)
         self._epoch += 1
         self._key = f"{self._name}.{self._epoch}"
-        self._broadcast.unpersist(blocking)
 
     def destroy(self, blocking: bool = False) -> None:
         """Release the broadcast everywhere; this handle can no longer be used."""
-        _released.append(self._key)
+        self._release_key()
         self._released = True
         self._model = None
         self._broadcast.destroy(blocking)
+
+    def _release_key(self) -> None:
+        """Workers drop the model and the executor's file for the current key when
+        they next unpickle a handle (any BroadcastModel's); the files go with the
+        executor at the latest."""
+        _released.append(self._key)
 
     # --- pickling (what a closure or a broadcast structure carries) ----------------------
 
@@ -147,7 +179,7 @@ class BroadcastModel(ModelHandle):
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
         return (_restore, (self._key, self._broadcast, self._nbytes, self.signature,
-                           tuple(_released)))
+                           tuple(_released), self._recipe, self._share_weights))
 
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
@@ -155,14 +187,29 @@ class BroadcastModel(ModelHandle):
 
 
 def _restore(key: str, broadcast: Any, nbytes: int, signature: Signature,
-             released: Sequence[str]) -> BroadcastModel:
+             released: Sequence[str], recipe: Shipment, share_weights: bool) -> BroadcastModel:
+    folder = executor_folder() if released else None
     for old in released:
         model_cache.drop(old)
+        if folder is not None:
+            host_file.discard(folder, old)
     handle = BroadcastModel.__new__(BroadcastModel)
     handle._key, handle._name, handle._epoch = key, key, 0
-    handle._broadcast, handle._nbytes = broadcast, nbytes
+    handle._broadcast, handle._nbytes, handle._recipe = broadcast, nbytes, recipe
     handle._model, handle._signature, handle._released = None, signature, False
+    handle._share_weights = share_weights
     return handle
+
+
+def executor_folder() -> str | None:
+    """Where this executor keeps payload files (None where there is none).
+
+    In a Python worker: the executor's first block manager directory, which Spark
+    passes to its workers as ``SPARK_LOCAL_DIRS`` and deletes when the executor stops.
+    Elsewhere (a driver, a plain process) None: a handle unpickled there builds its
+    model from the broadcast value alone."""
+    local_dirs = os.environ.get("SPARK_LOCAL_DIRS")
+    return os.path.join(local_dirs.split(",")[0], "spark_keras") if local_dirs else None
 
 
 def _forget_loaded_value(broadcast: Any) -> None:
