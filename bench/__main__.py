@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only payload,scoring] [--write]`.
+"""`python -m bench [--quick] [--only payload,scoring,memory,dask] [--write]`.
 
 Prints each section's table. With --write, also rewrites docs/benchmarks.md (tables,
 command, machine, date, targets met or not) and docs/benchmarks.png.
@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import report  # noqa: E402
 
-SECTIONS = ("payload", "scoring", "dask")
+SECTIONS = ("payload", "scoring", "memory", "dask")
 
 
 def machine() -> str:
@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = payload_bench.run(repeats=1 if args.quick else args.repeats,
                                  names=["MLP 90MB"] if args.quick else None)
         results["payload"] = rows
-        print("\n## Rebuild: pickle.loads(pickle.dumps(m)) vs spark_keras.loads(spark_keras.dumps(m))\n")
+        print("\n## Rebuild: pickle.loads(pickle.dumps(m)) vs spark_keras.loads(spark_keras.dumps(m)) "
+              "vs spark_keras.load(file, share_weights=True)\n")
         print(report.table(rows))
+        for line in report.payload_targets(rows):
+            print(line)
     if "scoring" in sections:
         from . import scoring_bench
 
@@ -71,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         print(report.table(rows, floatfmt="{:,.2f}"))
         print("\n" + "\n".join(f"{k}: {v:.1f}" for k, v in facts.items()))
         for line in report.scoring_targets(rows, facts):
+            print(line)
+    if "memory" in sections:
+        from . import memory_bench
+
+        rows = memory_bench.run(quick=args.quick)
+        results["memory"] = rows
+        print("\n## Memory: N Python workers holding one model, a copy per worker vs one shared file\n")
+        print(report.table(rows, floatfmt="{:,.2f}"))
+        for line in report.memory_targets(rows):
             print(line)
     if "dask" in sections:
         from . import dask_bench

@@ -420,12 +420,18 @@ def time_action(frame_fn, df, check: Callable[[Any], None] | None = None) -> tup
     return min(times), peak_worker_rss_mb()
 
 
+def touch_keras() -> None:
+    """Import Keras (TensorFlow) and run one op: what every worker has mapped before a
+    model arrives."""
+    import keras
+
+    keras.ops.convert_to_numpy(keras.ops.ones((2, 2)) @ keras.ops.ones((2, 2)))
+
+
 def tf_baseline_rss_mb(spark) -> float:
     """Peak RSS of a Python worker that imported TensorFlow/Keras and ran one op."""
     def touch(_):
-        import keras
-
-        keras.ops.convert_to_numpy(keras.ops.ones((2, 2)) @ keras.ops.ones((2, 2)))
+        touch_keras()
         return [0]
 
     spark.sparkContext.parallelize(range(4), 4).mapPartitions(touch).collect()
@@ -434,11 +440,12 @@ def tf_baseline_rss_mb(spark) -> float:
     return peak_worker_rss_mb()
 
 
-def session(quick: bool):
+def session(master: str = "local[2]"):
+    """A local session whose Python workers run this venv's Python, reused across tasks."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's Python
-    return (SparkSession.builder.master("local[2]").appName("spark-keras-bench")
+    return (SparkSession.builder.master(master).appName("spark-keras-bench")
             .config("spark.ui.enabled", "false")
             .config("spark.driver.memory", "6g")
             .config("spark.pyspark.python", sys.executable)
@@ -467,7 +474,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     """Rows for the table, and facts (baseline RSS, weights) for the notes."""
     import keras
 
-    spark = session(quick)
+    spark = session()
     spark.sparkContext.setLogLevel("ERROR")
     rows: list[dict] = []
     facts: dict = {"tf_baseline_rss_mb": tf_baseline_rss_mb(spark)}

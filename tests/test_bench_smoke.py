@@ -3,6 +3,7 @@ prediction check fails loudly."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import subprocess
@@ -12,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.memory_bench import pss_kb
+from bench.report import memory_targets
 from bench.scoring_bench import Expected, PredictionMismatch, check_predictions
 
 from .conftest import REPO_ROOT
@@ -33,6 +36,54 @@ def test_bench_quick_runs_and_prints_tables():
         assert f"MLP ({variant}) transform >= 0.9x hand-written best case" in out
     assert "x best case" in out and "CNN (array) transform >= 0.9x hand-written best case" in out
     assert "transform / predict_batch_udf >= 4" in out and "peak worker RSS" in out
+    assert "file load speed-up" in out
+    assert "MLP 90MB rebuild from a payload file (share_weights=True) >= 3x Keras pickle" in out
+    # the memory section: a tiny model on 1 and 2 concurrent workers, both modes side by side
+    memory = _printed_table(out, "weights mapped %")
+    assert [(r["workers"], r["mode"]) for r in memory] == [
+        ("1", "copy per worker"), ("1", "shared file"), ("2", "copy per worker"), ("2", "shared file")]
+    for row in memory:
+        assert row["sum PSS growth MB"] and row["x weights"] and row["build s mean"], row
+        # the shared mode really built on the mapped file, the other on private copies
+        assert row["weights mapped %"] == ("100.00" if row["mode"] == "shared file" else "0.00"), row
+
+
+def _printed_table(out: str, column: str) -> list[dict[str, str]]:
+    """The rows, as cell texts by column name, of the printed table that has ``column``."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|") and f" {column} |" in line)
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    header = cells(lines[start])
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, cells(line))))
+    return rows
+
+
+def test_pss_tells_private_memory_from_mapped_files(tmp_path):
+    before = pss_kb()
+    private = np.ones(8 * 2**20)  # 64 MiB, touched
+    path = tmp_path / "data"
+    path.write_bytes(b"\1" * 32 * 2**20)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert len(mapped[::4096]) == 8192  # every page read
+        after = pss_kb()
+    assert after["anon"] - before["anon"] >= 63 * 1024
+    assert after["file"] - before["file"] >= 31 * 1024
+    assert private.sum() == 8 * 2**20
+
+
+def test_memory_target_is_read_at_four_workers():
+    rows = [{"workers": n, "mode": mode, "x weights": x, "build s mean": 3.0}
+            for n, mode, x in [(2, "shared file", 0.9), (4, "copy per worker", 4.2), (4, "shared file", 1.2)]]
+    lines = memory_targets(rows)
+    assert lines[0] == "[met] shared weights at 4 workers <= 1.5x weights: 1.20"
+    assert "4.20x weights" in lines[1]
+    rows[-1]["x weights"] = 1.6
+    assert memory_targets(rows)[0].startswith("[NOT met]")
+    assert memory_targets(rows[:1]) == []  # a --quick run has no 4-worker rows
 
 
 def _table(ids, predictions) -> pa.Table:
