@@ -87,8 +87,12 @@ def _make_udf(handle: "BroadcastModel", names: list[str], return_type: Any, scor
 
 def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: Any,
                      score: Callable):
+    import operator
+
     import pandas as pd
+    from pyspark.sql import functions as F
     from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.types import StructType
 
     def predict(batches):
         predictor = handle.predictor
@@ -106,24 +110,48 @@ def _make_pandas_udf(handle: "BroadcastModel", names: list[str], return_type: An
     column = Union[pd.Series, pd.DataFrame]
     item = column if len(names) == 1 else Tuple[column, ...]
     predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pd.Series]}
-    return pandas_udf(predict, return_type)
+    udf = pandas_udf(predict, return_type)
+    if not isinstance(udf.returnType, StructType):
+        return udf
+
+    def struct_or_null(*cols):
+        # a pandas UDF cannot return a null struct: an invalid row comes back with every
+        # field null (a valid one never has a null field), so make that row null
+        col = udf(*cols)
+        every_null = functools.reduce(operator.and_, [col[f.name].isNull() for f in udf.returnType.fields])
+        return F.when(every_null, F.lit(None).cast(udf.returnType)).otherwise(col)
+
+    return struct_or_null
+
+
+# Arrow types of an ML Vector's fields: a pandas column where every row is null loses it
+_VECTOR_FIELD_TYPES = {"type": pa.int8(), "size": pa.int32(), "indices": pa.list_(pa.int32()),
+                       "values": pa.list_(pa.float64())}
 
 
 def _series_to_arrow(name: str, series: Any) -> pa.Array:
     """A pandas UDF input column as Arrow (ML Vectors become dense lists)."""
     if hasattr(series, "columns"):  # a struct column (an ML Vector) arrives as a DataFrame
-        return pa.StructArray.from_arrays(
-            [_series_to_arrow(f"{name}.{c}", series[c]) for c in series.columns],
-            names=[str(c) for c in series.columns])
+        fields = [str(c) for c in series.columns]
+        children = [_series_to_arrow(f"{name}.{c}", series[c]) for c in series.columns]
+        children = [pa.nulls(len(a), _VECTOR_FIELD_TYPES[f])
+                    if pa.types.is_null(a.type) and f in _VECTOR_FIELD_TYPES else a
+                    for f, a in zip(fields, children)]
+        missing = series.isna().all(axis=1).to_numpy()  # a null struct: every field null
+        return pa.StructArray.from_arrays(children, names=fields,
+                                          mask=pa.array(missing) if missing.any() else None)
     values = series.to_numpy()
     if values.dtype == object and len(values):
         first = next((v for v in values if v is not None), None)
         if hasattr(first, "toArray"):  # pyspark.ml.linalg vectors
             return pa.array([None if v is None else v.toArray() for v in values])
     try:
-        return pa.Array.from_pandas(series)
+        arr = pa.Array.from_pandas(series)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ModelInputError(f"column {name!r} cannot be read as numbers: {exc}") from exc
+    if pa.types.is_null(arr.type):  # every row null: an array column lost its type
+        return pa.nulls(len(arr), pa.list_(pa.float64()))
+    return arr
 
 
 def transform(handle: "BroadcastModel", df: Any, input_cols: str | Sequence[str],
