@@ -12,7 +12,7 @@ import pytest
 import spark_keras as sk
 from spark_keras.cache import read_build_log
 from spark_keras.payload import host_file
-from spark_keras.spark.broadcast import executor_folder
+from spark_keras.spark.transport import executor_folder
 
 from . import models
 from .conftest import builds_by_worker, make_spark, worker_cache_infos

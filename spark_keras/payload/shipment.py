@@ -9,6 +9,7 @@ carry a :class:`Shipment`.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
@@ -69,17 +70,21 @@ class Shipment:
         fetch = fetch or (lambda: self.payload)
         path = host_file.land(folder, key, nbytes, fetch)
         try:
-            model, memory = load_mapped(path, custom_objects=self._objects(),
-                                        safe_mode=self.safe_mode, share_weights=True)
+            return self.build_from_file(path)
         except PayloadError:
             damaged = host_file.identity(path)
             if damaged is None or _verifies(path):
                 raise  # the file is sound: the payload itself cannot be loaded here
             logger.warning("payload file %s is damaged; rewriting it", path)
-            path = host_file.land(folder, key, nbytes, fetch, damaged=damaged)
-            model, memory = load_mapped(path, custom_objects=self._objects(),
-                                        safe_mode=self.safe_mode, share_weights=True)
-        return model, nbytes, memory.as_dict()
+            return self.build_from_file(host_file.land(folder, key, nbytes, fetch, damaged=damaged))
+
+    def build_from_file(self, path: str, *, share_weights: bool = True
+                        ) -> tuple[Any, int, dict[str, Any]]:
+        """Like :meth:`build`, from a payload file (this shipment's payload left aside);
+        with ``share_weights``, on weights mapped from it."""
+        model, memory = load_mapped(path, custom_objects=self._objects(),
+                                    safe_mode=self.safe_mode, share_weights=share_weights)
+        return model, os.path.getsize(path), memory.as_dict()
 
     def __repr__(self) -> str:
         return f"Shipment({len(self.payload) / 2**20:.1f} MB payload)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import uuid
@@ -14,8 +13,8 @@ from ..errors import SparkKerasError
 from ..handle import ModelHandle
 from ..inference.predictor import DEFAULT_BATCH_SIZE
 from ..inference.signature import Signature
-from ..payload import host_file, mapped
 from ..payload.shipment import Shipment
+from .transport import transport_for
 
 logger = logging.getLogger("spark_keras")
 
@@ -64,7 +63,6 @@ class BroadcastModel(ModelHandle):
     def __init__(self, spark: Any, model_or_path: Any, *,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True) -> None:
-        sc = getattr(spark, "sparkContext", spark)
         model, payload = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
                                payload=payload)
@@ -74,14 +72,15 @@ class BroadcastModel(ModelHandle):
         self._model: Any = model
         self._nbytes = len(payload)
         self._signature: Signature | None = None
-        # the payload is broadcast on its own, so a worker that finds the executor's
-        # file already written never unpickles it; the rest travels in the handle
-        self._sc = sc
-        self._broadcast = sc.broadcast(payload)
+        # the payload travels on its own (a broadcast, or a Connect artifact), so a
+        # worker that finds it already on disk never unpickles it; the rest is small
+        # and travels in the handle
+        self._transport = transport_for(spark, self._key, payload)
         self._recipe = shipment.without_payload()
         self._share_weights = share_weights
         self._released = False
-        logger.info("broadcast %s: %.1f MB payload", self._key, self._nbytes / 2**20)
+        logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,
+                    type(self._transport).__name__)
 
     # --- the model (key, nbytes, value, predictor, signature: see ModelHandle) ---------
 
@@ -90,14 +89,7 @@ class BroadcastModel(ModelHandle):
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
 
     def _build(self) -> tuple:
-        folder = executor_folder() if self._share_weights and mapped.supported() else None
-        try:
-            if folder is not None:
-                return self._recipe.build_shared(folder, self._key, self._nbytes,
-                                                 fetch=lambda: self._broadcast.value)
-            return dataclasses.replace(self._recipe, payload=self._broadcast.value).build()
-        finally:
-            _forget_loaded_value(self._broadcast)
+        return self._transport.build(self._recipe, self._key, self._nbytes, self._share_weights)
 
     # --- inference helpers -----------------------------------------------------------
 
@@ -117,6 +109,7 @@ class BroadcastModel(ModelHandle):
         """
         from .scoring import PredictUDF
 
+        self._check_usable()
         return PredictUDF(self, return_type=return_type, batch_size=batch_size,
                           on_invalid=on_invalid)
 
@@ -127,6 +120,7 @@ class BroadcastModel(ModelHandle):
         ``on_invalid`` as in :meth:`predict_udf`."""
         from .scoring import transform
 
+        self._check_usable()
         return transform(self, df, input_cols, output_col, batch_size=batch_size,
                          on_invalid=on_invalid)
 
@@ -141,6 +135,11 @@ class BroadcastModel(ModelHandle):
         """
         from .scoring import predict_rows
 
+        if not self._transport.rdds:
+            raise SparkKerasError(
+                "predict_partition is for rdd.mapPartitions, and Spark Connect has no RDDs: "
+                "use bm.transform(df, ...) or bm.predict_udf(), or your own df.mapInArrow "
+                "function calling bm.predictor")
         return predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid)
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -153,10 +152,8 @@ class BroadcastModel(ModelHandle):
         :attr:`key` (executors fetch it only if it is used again), and a worker that
         uses it again rebuilds the model once, then serves it from its cache.
         """
-        payload = self._broadcast.value  # the driver's copy, read from its file
         self._release_key()
-        self._broadcast.destroy(blocking)
-        self._broadcast = self._sc.broadcast(payload)
+        self._transport.renew(blocking)
         self._epoch += 1
         self._key = f"{self._name}.{self._epoch}"
 
@@ -165,7 +162,7 @@ class BroadcastModel(ModelHandle):
         self._release_key()
         self._released = True
         self._model = None
-        self._broadcast.destroy(blocking)
+        self._transport.destroy(blocking)
 
     def _release_key(self) -> None:
         """Workers drop the model and the executor's file for the current key when
@@ -178,7 +175,7 @@ class BroadcastModel(ModelHandle):
     def __reduce__(self) -> tuple:
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
-        return (_restore, (self._key, self._broadcast, self._nbytes, self.signature,
+        return (_restore, (self._key, self._transport, self._nbytes, self.signature,
                            tuple(_released), self._recipe, self._share_weights))
 
     def __repr__(self) -> str:
@@ -186,38 +183,17 @@ class BroadcastModel(ModelHandle):
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
 
 
-def _restore(key: str, broadcast: Any, nbytes: int, signature: Signature,
+def _restore(key: str, transport: Any, nbytes: int, signature: Signature,
              released: Sequence[str], recipe: Shipment, share_weights: bool) -> BroadcastModel:
-    folder = executor_folder() if released else None
     for old in released:
         model_cache.drop(old)
-        if folder is not None:
-            host_file.discard(folder, old)
+    transport.forget(list(released))
     handle = BroadcastModel.__new__(BroadcastModel)
     handle._key, handle._name, handle._epoch = key, key, 0
-    handle._broadcast, handle._nbytes, handle._recipe = broadcast, nbytes, recipe
+    handle._transport, handle._nbytes, handle._recipe = transport, nbytes, recipe
     handle._model, handle._signature, handle._released = None, signature, False
     handle._share_weights = share_weights
     return handle
-
-
-def executor_folder() -> str | None:
-    """Where this executor keeps payload files (None where there is none).
-
-    In a Python worker: the executor's first block manager directory, which Spark
-    passes to its workers as ``SPARK_LOCAL_DIRS`` and deletes when the executor stops.
-    Elsewhere (a driver, a plain process) None: a handle unpickled there builds its
-    model from the broadcast value alone."""
-    local_dirs = os.environ.get("SPARK_LOCAL_DIRS")
-    return os.path.join(local_dirs.split(",")[0], "spark_keras") if local_dirs else None
-
-
-def _forget_loaded_value(broadcast: Any) -> None:
-    """Let a worker free the unpickled payload bytes once the model is built (PySpark
-    reloads a broadcast value from its file on demand), so a worker holds one copy of
-    the weights, not two."""
-    if getattr(broadcast, "_path", None) is not None:
-        broadcast.__dict__.pop("_value", None)
 
 
 def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,

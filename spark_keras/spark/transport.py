@@ -1,0 +1,150 @@
+"""How a BroadcastModel's payload reaches executors, and how a worker builds from it.
+
+* :class:`BroadcastTransport` (classic Spark): a broadcast of the payload bytes. The
+  first worker of an executor that needs the model writes them to a file in the
+  executor's block manager directory; every worker maps that file (one copy of the
+  weights per executor).
+* :class:`ArtifactTransport` (Spark Connect, which has no SparkContext and no broadcast):
+  the payload is uploaded once as a session artifact (``spark.addArtifacts``, streamed in
+  chunks, never inside a plan); Spark puts one copy in each executor's session folder,
+  which every worker maps directly.
+
+The model's custom objects and ``safe_mode`` (the payload-less :class:`Shipment`)
+travel in the handle itself: small, and needed before any payload is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+from ..errors import PayloadError, SparkKerasError
+from ..payload import host_file, mapped
+from ..payload.shipment import Shipment
+
+
+def is_connect(spark: Any) -> bool:
+    """True for a Spark Connect session (``pyspark.sql.connect``)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except Exception:  # Connect's client libraries are not installed: not a Connect session
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def transport_for(spark: Any, key: str, payload: bytes) -> "BroadcastTransport | ArtifactTransport":
+    if is_connect(spark):
+        return ArtifactTransport.upload(spark, key, payload)
+    return BroadcastTransport(getattr(spark, "sparkContext", spark), payload)
+
+
+class BroadcastTransport:
+    """The payload as a broadcast (classic Spark)."""
+
+    rdds = True
+
+    def __init__(self, sc: Any, payload: bytes) -> None:
+        self._sc = sc
+        self._broadcast = sc.broadcast(payload)
+
+    def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
+        folder = executor_folder() if share_weights and mapped.supported() else None
+        try:
+            if folder is not None:
+                return recipe.build_shared(folder, key, nbytes, fetch=lambda: self._broadcast.value)
+            return dataclasses.replace(recipe, payload=self._broadcast.value).build()
+        finally:
+            _forget_loaded_value(self._broadcast)
+
+    def renew(self, blocking: bool) -> None:
+        """Drop the executors' copies; broadcast the payload afresh for later use."""
+        payload = self._broadcast.value  # the driver's copy, read from its file
+        self._broadcast.destroy(blocking)
+        self._broadcast = self._sc.broadcast(payload)
+
+    def destroy(self, blocking: bool) -> None:
+        self._broadcast.destroy(blocking)
+
+    @staticmethod
+    def forget(keys: list[str]) -> None:
+        """In a worker: remove the executor's files of released models."""
+        folder = executor_folder()
+        if folder is not None:
+            for key in keys:
+                host_file.discard(folder, key)
+
+    def __reduce__(self) -> tuple:
+        return (_broadcast_transport, (self._broadcast,))
+
+
+def _broadcast_transport(broadcast: Any) -> BroadcastTransport:
+    transport = BroadcastTransport.__new__(BroadcastTransport)
+    transport._sc, transport._broadcast = None, broadcast
+    return transport
+
+
+def executor_folder() -> str | None:
+    """Where this executor keeps payload files (None where there is none).
+
+    In a Python worker: the executor's first block manager directory, which Spark
+    passes to its workers as ``SPARK_LOCAL_DIRS`` and deletes when the executor stops.
+    Elsewhere (a driver, a plain process) None: a handle unpickled there builds its
+    model from the broadcast value alone."""
+    local_dirs = os.environ.get("SPARK_LOCAL_DIRS")
+    return os.path.join(local_dirs.split(",")[0], "spark_keras") if local_dirs else None
+
+
+def _forget_loaded_value(broadcast: Any) -> None:
+    """Let a worker free the unpickled payload bytes once the model is built (PySpark
+    reloads a broadcast value from its file on demand), so a worker holds one copy of
+    the weights, not two."""
+    if getattr(broadcast, "_path", None) is not None:
+        broadcast.__dict__.pop("_value", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactTransport:
+    """The payload as a Spark Connect session artifact named ``name``."""
+
+    name: str
+    rdds = False
+
+    @classmethod
+    def upload(cls, spark: Any, key: str, payload: bytes) -> "ArtifactTransport":
+        name = f"{key}{host_file.SUFFIX}"
+        with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(payload)
+            spark.addArtifacts(path, file=True)
+        return cls(name)
+
+    def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
+        from pyspark import SparkFiles
+
+        path = SparkFiles.get(self.name)
+        if not os.path.isfile(path):
+            raise SparkKerasError(
+                f"the model artifact {self.name!r} is not on this executor ({path}): Spark "
+                f"Connect keeps artifacts per session; create the BroadcastModel in the "
+                f"session that uses it")
+        if os.path.getsize(path) != nbytes:
+            raise PayloadError(f"the model artifact {path} has {os.path.getsize(path)} bytes, "
+                               f"expected {nbytes}: it is damaged; create the BroadcastModel again")
+        try:
+            return recipe.build_from_file(path, share_weights=share_weights and mapped.supported())
+        except PayloadError as exc:
+            raise PayloadError(f"the model artifact {self.name!r} cannot be loaded ({exc}); "
+                               f"if it is damaged, create the BroadcastModel again") from exc
+
+    def renew(self, blocking: bool) -> None:
+        """Connect cannot remove an artifact: workers rebuild from the same file."""
+
+    def destroy(self, blocking: bool) -> None:
+        """The artifact stays until the Connect session ends (Connect cannot remove it)."""
+
+    @staticmethod
+    def forget(keys: list[str]) -> None:
+        """Artifacts belong to the session: nothing to remove in a worker."""
