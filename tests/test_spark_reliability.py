@@ -3,19 +3,22 @@ local Spark."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import spark_keras as sk
+from spark_keras.spark.transport import transport_for
 
 from . import models
 from .conftest import builds_by_worker, make_spark, worker_cache_infos
 from .test_payload_integrity import rewrite_header
 
 CACHE_LIMIT = 3
+SLOTS = 2  # local[2]: at most two Python workers per pool (SQL, RDD) build a model
 
 
 @pytest.fixture(scope="module")
@@ -47,28 +50,40 @@ def test_null_policy_keeps_every_row(spark):
 
 
 def test_cache_limit_holds_over_ten_models(spark, build_log):
+    """Ten models through a 3-entry cache: workers evict, and a model evicted everywhere
+    is rebuilt when used again, and predicts what the driver's model predicts."""
     df = spark.createDataFrame([(i, [0.1 * i] * 4) for i in range(16)], "id long, f array<float>").repartition(4)
-    handles = []
+    x = np.array([[0.1 * i] * 4 for i in range(16)], "float32")
+    handles, expected = [], []
     for k in range(10):
         model = models.mlp(n_features=4, hidden=8, outputs=1, name=f"m{k}")
         bm = sk.BroadcastModel(spark, model)
+        expected.append(np.asarray(model(x)).reshape(-1))
         out = bm.transform(df, "f").toPandas().sort_values("id")
-        x = np.array([[0.1 * i] * 4 for i in range(16)], "float32")
-        np.testing.assert_allclose(out["prediction"], np.asarray(model(x)).reshape(-1), atol=1e-6)
+        np.testing.assert_allclose(out["prediction"], expected[-1], atol=1e-6)
         handles.append(bm)
     infos = worker_cache_infos(spark)
     assert all(i["entries"] <= CACHE_LIMIT and i["max_entries"] == CACHE_LIMIT for i in infos.values())
     assert sum(i["evictions"] for i in infos.values()) > 0, (infos, builds_by_worker(build_log, handles[-1].key))
-    # an evicted model is rebuilt transparently when it is used again
     first = handles[0]
-    out = first.transform(df, "f").toPandas()
-    assert len(out) == 16 and out["prediction"].notna().all()
-    assert max(builds_by_worker(build_log, first.key).values()) >= 1
+    assert not any(first.key in i["keys"] for i in infos.values()), infos  # evicted everywhere
+    built = sum(builds_by_worker(build_log, first.key).values())
+    assert built >= 1
+    out = first.transform(df, "f").toPandas().sort_values("id")
+    np.testing.assert_allclose(out["prediction"], expected[0], atol=1e-6)
+    assert sum(builds_by_worker(build_log, first.key).values()) > built  # really rebuilt
+
+
+def rebuilt_since(build_log, key: str, before: dict) -> dict:
+    """Builds of ``key`` by worker since ``before`` (a ``builds_by_worker`` snapshot)."""
+    after = builds_by_worker(build_log, key)
+    return {w: n - before.get(w, 0) for w, n in after.items() if n > before.get(w, 0)}
 
 
 def test_dropped_broadcast_value_rebuilds_transparently(spark, build_log):
-    """An unrelated task in between makes PySpark drop the broadcast from the worker; the
-    model cache still serves the model, and after unpersist it is rebuilt."""
+    """A task that does not use the broadcast makes PySpark drop it from the worker; the
+    model cache still serves the model (no second build), and after unpersist each worker
+    rebuilds it exactly once."""
     model = models.mlp(n_features=4, outputs=1)
     bm = sk.BroadcastModel(spark, model)
     df = spark.createDataFrame([(i, [1.0] * 4) for i in range(8)], "id long, f array<float>").repartition(2)
@@ -78,56 +93,164 @@ def test_dropped_broadcast_value_rebuilds_transparently(spark, build_log):
         out = bm.transform(df, "f").toPandas()["prediction"]
         return len(out) == 8 and np.allclose(out, want, atol=1e-6)
 
+    def registry_sizes(batches):  # an unrelated SQL task, in the pool that scored
+        try:
+            from pyspark.core.broadcast import _broadcastRegistry
+        except ImportError:  # PySpark 3.5
+            from pyspark.broadcast import _broadcastRegistry
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([len(_broadcastRegistry)])], names=["n"])
+
     assert scored_right()
-    spark.sparkContext.parallelize(range(8), 8).map(lambda x: x * 2).collect()  # unrelated
+    built = builds_by_worker(build_log, bm.key)
+    assert built and set(built.values()) == {1} and len(built) <= SLOTS, built
+    sizes = spark.range(8, numPartitions=8).mapInArrow(registry_sizes, "n long").collect()
+    assert {r.n for r in sizes} == {0}  # the workers dropped every broadcast value
     assert scored_right()
+    served = builds_by_worker(build_log, bm.key)  # from the cache: no worker built it twice
+    assert set(served.values()) == {1} and len(served) <= SLOTS, served
     bm.unpersist(blocking=True)
+    before = builds_by_worker(build_log, bm.key)  # the key may change with unpersist
     assert scored_right()
-    assert all(n <= 2 for n in builds_by_worker(build_log, bm.key).values())
+    rebuilt = rebuilt_since(build_log, bm.key, before)
+    assert rebuilt and set(rebuilt.values()) == {1} and len(rebuilt) <= SLOTS, rebuilt
+
+
+def test_unpersisted_model_is_rebuilt_once_per_worker(spark, build_log):
+    """After unpersist(), 3 actions x 20 partitions rebuild the model exactly once per
+    worker (not once per task), predict right, and the old model leaves the caches."""
+    model = models.mlp(n_features=4, hidden=8, outputs=1)
+    x = np.random.default_rng(7).standard_normal((200, 4)).astype("float32")
+    df = spark.createDataFrame([(i, x[i].tolist()) for i in range(200)], "id long, f array<float>") \
+        .repartition(20).cache()
+    df.count()
+    expected = np.asarray(model(x)).reshape(-1)
+    bm = sk.BroadcastModel(spark, model)
+
+    def check_scores():
+        out = bm.transform(df, "f").toPandas().sort_values("id")
+        assert out["id"].tolist() == list(range(200))
+        np.testing.assert_allclose(out["prediction"], expected, atol=1e-5)
+
+    check_scores()
+    old_key = bm.key
+    assert builds_by_worker(build_log, old_key)
+    bm.unpersist(blocking=True)
+    before = builds_by_worker(build_log, bm.key)  # read after unpersist: it may change
+    for _ in range(3):
+        check_scores()
+    rebuilt = rebuilt_since(build_log, bm.key, before)
+    assert rebuilt and set(rebuilt.values()) == {1} and len(rebuilt) <= SLOTS, rebuilt
+    infos = worker_cache_infos(spark, bm)
+    assert any(bm.key in i["keys"] for i in infos.values()), infos
+    if bm.key != old_key:
+        assert not any(old_key in i["keys"] for i in infos.values()), infos
 
 
 def test_flavour_mismatch_is_reported_on_the_executor(spark):
     model = models.mlp(n_features=4)
     bm = sk.BroadcastModel(spark, model)
-    shipment = bm._broadcast.value
 
     def as_tf_keras(header):
         header["keras"].update(flavour="tf_keras", version="2.21.0")
 
-    edited = dataclasses.replace(shipment, payload=rewrite_header(shipment.payload, as_tf_keras))
-    bm._broadcast = spark.sparkContext.broadcast(edited)
+    edited = rewrite_header(sk.dumps(model), as_tf_keras)
+    bm._transport, bm._nbytes = transport_for(spark, bm.key, edited), len(edited)
     bm._model = None  # behave like a handle whose driver copy is gone: build from the payload
     df = spark.createDataFrame([(1, [1.0] * 4)], "id long, f array<float>")
     with pytest.raises(Exception, match=r"tf_keras.*2\.21\.0.*keras3.*3\.\d+.*TF_USE_LEGACY_KERAS"):
         df.rdd.mapPartitions(lambda rows: [bm.value.name for _ in rows]).collect()
 
 
-def _python_worker_rss_mb() -> float:
-    total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+def in_sql_workers(spark, fn) -> dict[int, list]:
+    """``fn()`` run by 16 tasks of the SQL worker pool: its results by worker pid."""
+    def task(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([os.getpid()]), pa.array([json.dumps(fn())])],
+                                         names=["pid", "result"])
+
+    found: dict[int, list] = {}
+    for row in spark.range(16, numPartitions=16).mapInArrow(task, "pid long, result string").collect():
+        found.setdefault(row.pid, []).append(json.loads(row.result))
+    return found
+
+
+def worker_memory_mb(spark, handle) -> dict[int, float]:
+    """Memory each SQL-pool worker holds at rest, in MB: PSS of every mapping but shared
+    libraries (their PSS moves with whatever else maps them on this machine), after
+    shipping ``handle`` (workers then drop released models), a garbage collection and
+    ``malloc_trim``. The weights count wherever they live: heap or a mapped payload file."""
+    def measure():
+        import ctypes
+        import gc
+        import re
+
+        handle.key  # noqa: B018  (ships the handle)
+        gc.collect()
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"pyspark.daemon" not in f.read():
-                    continue
-            with open(f"/proc/{pid}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration):
-            continue
-    return total / 1024
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        kb, library = 0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                    library = re.search(r"\.so(\.[0-9]+)*$", line.rstrip()) is not None
+                elif line.startswith("Pss:") and not library:
+                    kb += int(line.split()[1])
+        return kb / 1024
+
+    return {pid: min(mb) for pid, mb in in_sql_workers(spark, measure).items()}
 
 
-def test_destroy_cycles_do_not_grow_worker_memory(spark):
-    df = spark.createDataFrame([(i, [0.5] * 32) for i in range(64)], "id long, f array<float>").repartition(4).cache()
+def test_destroy_cycles_do_not_grow_worker_memory(spark, build_log):
+    """With a cache large enough to keep every model (so eviction cannot hide a leak),
+    6 cycles of build, score, destroy() on a 21 MB model grow the workers' memory by less
+    than one model, and no destroyed model stays in a worker's cache."""
+    def set_limit():
+        sk.configure_cache(max_entries=100)
+        return sk.cache_info()["max_entries"]
+
+    def reset_limit():
+        sk.configure_cache(max_entries=CACHE_LIMIT)
+        return 0
+
+    keeper = sk.BroadcastModel(spark, models.mlp(n_features=2))  # live, shipped after destroys
+    x = np.random.default_rng(9).standard_normal((64, 64)).astype("float32")
+    df = spark.createDataFrame([(i, x[i].tolist()) for i in range(64)], "id long, f array<float>") \
+        .repartition(4).cache()
     df.count()
-    rss = []
-    for cycle in range(20):
-        bm = sk.BroadcastModel(spark, models.mlp(n_features=32, hidden=256, outputs=4))
-        assert bm.transform(df, "f").count() == 64
+    keys: list[str] = []
+
+    def cycle() -> int:
+        model = models.mlp(n_features=64, hidden=80_000, outputs=4)  # 5.4M weights
+        bm = sk.BroadcastModel(spark, model)
+        out = bm.transform(df, "f").toPandas().sort_values("id")
+        np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-4)
+        keys.append(bm.key)
         bm.destroy()
-        if cycle in (4, 19):
-            rss.append(_python_worker_rss_mb())
-    assert rss[0] > 0
-    # 15 more cycles, each building a fresh model in every worker: bounded growth only
-    assert rss[1] - rss[0] < 150, rss
+        return bm.nbytes
+
+    configured = in_sql_workers(spark, set_limit)
+    try:
+        assert all(v == [100] * len(v) for v in configured.values()), configured
+        for _ in range(3):  # warm-up: TensorFlow, tracing, allocator high-water marks
+            cycle()
+        before = worker_memory_mb(spark, keeper)
+        nbytes = max(cycle() for _ in range(6))
+        after = worker_memory_mb(spark, keeper)
+        infos = worker_cache_infos(spark, keeper)
+    finally:
+        in_sql_workers(spark, reset_limit)
+    assert nbytes > 20 * 2**20
+    builders = {pid for key in keys for _, pid in builds_by_worker(build_log, key)}
+    # every model was built under the large limit, in workers measured before and after
+    measured = set(configured) & set(before) & set(after)
+    assert builders and builders <= measured, (builders, configured, before, after)
+    growth = sum(after[pid] - before[pid] for pid in builders)
+    assert growth < nbytes / 2**20, (growth, before, after)
+    assert builders <= set(infos), infos
+    for info in infos.values():
+        assert not set(keys) & set(info["keys"]), info
