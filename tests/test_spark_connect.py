@@ -1,0 +1,205 @@
+"""BroadcastModel on Spark Connect, against a real local Connect server
+(``SparkSession.builder.remote("local[2]")``): no SparkContext, no broadcast, no RDDs."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("grpc")
+pytest.importorskip("zstandard")
+
+import spark_keras as sk  # noqa: E402
+from spark_keras.inference import predictor_for  # noqa: E402
+
+from . import models  # noqa: E402
+from .conftest import REPO_ROOT, builds_by_worker, run_script  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def connect(build_log):
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # a classic session of an earlier module
+        active.stop()
+    # The local Connect server runs in this process's JVM and its Python workers inherit
+    # this environment (it takes no executorEnv settings once started).
+    saved = {k: os.environ.get(k) for k in ("SPARK_KERAS_BUILD_LOG", "PYTHONPATH")}
+    os.environ["SPARK_KERAS_BUILD_LOG"] = build_log
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, saved["PYTHONPATH"]) if p)
+    session = SparkSession.builder.remote("local[2]").getOrCreate()
+    yield session
+    session.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _exact(model, inputs):
+    """The model's own compiled outputs on the same batch (what a worker computes)."""
+    return predictor_for(model)(inputs, 1024)
+
+
+def test_connect_session_has_no_broadcast_and_we_do_not_need_one(connect):
+    from spark_keras.spark.transport import is_connect
+
+    assert is_connect(connect) and not hasattr(connect, "_sc")
+    bm = sk.BroadcastModel(connect, models.mlp(4, 8, 1))
+    assert type(bm._transport).__name__ == "ArtifactTransport"
+
+
+def test_every_input_kind_matches_the_model_bit_for_bit(connect, build_log):
+    from pyspark.ml.functions import array_to_vector
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((30, 6)).astype("float32")
+    mlp = models.mlp(6, 16, 3)
+    bm = sk.BroadcastModel(connect, mlp)
+    rows = [(i, x[i].tolist(), *map(float, x[i])) for i in range(30)]
+    df = connect.createDataFrame(rows, "id long, f array<float>, " + ", ".join(
+        f"c{j} float" for j in range(6))).coalesce(1)
+    want = _exact(mlp, [x])[0]
+    scalars = [f"c{j}" for j in range(6)]
+    outs = {
+        "array transform": bm.transform(df, "f").orderBy("id").toPandas()["prediction"],
+        "array udf": df.orderBy("id").select(bm.predict_udf()("f").alias("p")).toPandas()["p"],
+        "scalars": bm.transform(df, scalars).orderBy("id").toPandas()["prediction"],
+        "vector": bm.transform(df.withColumn("v", array_to_vector("f")), "v").orderBy("id")
+                    .toPandas()["prediction"],
+    }
+    for kind, got in outs.items():
+        np.testing.assert_array_equal(np.stack(got.to_numpy()), want, err_msg=kind)
+
+    two = models.multi_io()
+    inputs = models.random_like_inputs(two, 20, seed=2)
+    frame = connect.createDataFrame(
+        [(i, inputs["a"][i].tolist(), inputs["b"][i].reshape(-1).tolist()) for i in range(20)],
+        "id long, a array<float>, b array<float>").coalesce(1)
+    bm2 = sk.BroadcastModel(connect, two)
+    got = bm2.transform(frame, ["a", "b"]).orderBy("id").toPandas()["prediction"]
+    sig = predictor_for(two).signature
+    expected = dict(zip(sig.output_names, _exact(two, [inputs[s.name] for s in sig.inputs])))
+    np.testing.assert_array_equal(np.array([r["score"] for r in got]), expected["score"][:, 0])
+    np.testing.assert_array_equal(np.stack([r["probs"] for r in got]), expected["probs"])
+
+    for handle in (bm, bm2):  # each Python worker built each model once
+        builds = builds_by_worker(build_log, handle.key)
+        assert builds and set(builds.values()) == {1}, builds
+
+
+def test_workers_share_the_artifact_and_destroy_drops_the_model(connect, build_log):
+    import pyarrow as pa
+
+    model = models.mlp(4, 8, 2)
+    bm = sk.BroadcastModel(connect, model)
+    df = connect.range(8, numPartitions=4).selectExpr("id", "array(1.0f, 2.0f, 3.0f, 4.0f) as f")
+
+    def report(batches):
+        from pyspark import SparkFiles
+
+        import spark_keras
+
+        bm.predictor  # noqa: B018  (builds the model in this worker)
+        path = SparkFiles.get(bm._transport.name)
+        for _ in batches:
+            pass
+        info = spark_keras.cache_info()["memory_by_key"].get(bm.key, {})
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([json.dumps([os.stat(path).st_ino, info])])], names=["s"])
+
+    seen = [json.loads(r.s) for r in df.mapInArrow(report, "s string").collect()]
+    assert len({ino for ino, _ in seen}) == 1  # one file for the (local) executor
+    assert all(info.get("shared") and info["private_bytes"] == 0 for _, info in seen), seen
+
+    key = bm.key
+    bm.destroy()
+    with pytest.raises(sk.SparkKerasError, match="destroyed"):
+        bm.transform(df, "f").collect()
+    other = sk.BroadcastModel(connect, models.mlp(4, 8, 1))
+
+    def keys(batches):
+        import spark_keras
+
+        other.key  # noqa: B018  (ships a live handle: it carries the released keys)
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps(spark_keras.cache_info()["keys"])])],
+                                         names=["s"])
+
+    cached = [json.loads(r.s) for r in connect.range(8, numPartitions=8).mapInArrow(keys, "s string").collect()]
+    assert not any(key in k for k in cached), cached
+
+
+def test_errors_on_connect_are_clear(connect):
+    bm = sk.BroadcastModel(connect, models.mlp(3, 8, 1))
+    bad = connect.createDataFrame([(1, "x")], "id long, f string")
+    with pytest.raises(Exception, match="column 'f' has type string"):
+        bm.transform(bad, "f").collect()
+    with pytest.raises(sk.SparkKerasError, match="Spark Connect has no RDDs.*transform"):
+        list(bm.predict_partition(iter([[1.0, 2.0, 3.0]])))
+
+    from spark_keras.spark.transport import ArtifactTransport
+
+    lost = sk.BroadcastModel(connect, models.mlp(3, 8, 1))
+    lost.signature  # noqa: B018  (read on the driver while it has the model)
+    lost._transport, lost._model = ArtifactTransport("never-uploaded.skp"), None
+    df = connect.createDataFrame([(1, [1.0, 2.0, 3.0])], "id long, f array<float>")
+    with pytest.raises(Exception, match="artifact 'never-uploaded.skp' is not on this executor"):
+        lost.transform(df, "f").collect()
+
+    damaged = sk.BroadcastModel(connect, models.mlp(3, 8, 1))
+    damaged.signature  # noqa: B018
+    damaged._model = None
+    import pyarrow as pa
+
+    def flip(batches):  # damage the executor's copy from inside a task
+        from pyspark import SparkFiles
+
+        path = SparkFiles.get(damaged._transport.name)
+        with open(path, "r+b") as f:
+            f.seek(-8, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-8, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+        for b in batches:
+            yield pa.RecordBatch.from_arrays([pa.array([0] * b.num_rows)], names=["x"])
+
+    connect.range(1, numPartitions=1).mapInArrow(flip, "x long").collect()
+    with pytest.raises(Exception, match="artifact .* cannot be loaded.*checksum"):
+        damaged.transform(df, "f").collect()
+
+
+MAIN_DRIVER = textwrap.dedent('''
+    import numpy as np, keras
+    from pyspark.sql import SparkSession
+    import spark_keras as sk
+
+    class Doubler(keras.layers.Layer):      # defined only in this script's __main__
+        def call(self, x):
+            return 2.0 * x
+
+    if __name__ == "__main__":
+        spark = SparkSession.builder.remote("local[2]").getOrCreate()
+        model = keras.Sequential([keras.Input((3,)), Doubler(), keras.layers.Dense(1)])
+        bm = sk.BroadcastModel(spark, model)
+        df = spark.createDataFrame([(i, [float(i), 1.0, 2.0]) for i in range(6)], "id long, f array<float>")
+        got = bm.transform(df, "f").orderBy("id").toPandas()["prediction"].to_numpy()
+        want = np.asarray(model(np.array([[i, 1, 2] for i in range(6)], "float32")))[:, 0]
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        spark.stop()
+        print("CONNECT-MAIN-OK")
+''')
+
+
+def test_custom_layer_from_main_on_connect(connect, tmp_path):
+    connect.stop()  # the script starts its own local server, on the same port
+    run_script(tmp_path, MAIN_DRIVER, "CONNECT-MAIN-OK", timeout=400)
