@@ -154,21 +154,14 @@ class _ModelPlugin(WorkerPlugin):
     def build(self) -> tuple:
         if self.folder is None:
             return self.shipment.build()
-        shipment = self.shipment
-        built = shipment.build_shared(self.folder, self.name, self.nbytes,
-                                      fetch=lambda: shipment.payload or _no_payload(self.name))
-        self.shipment = shipment.without_payload()
+        built = self.shipment.build_shared(self.folder, self.name, self.nbytes)
+        self.shipment = self.shipment.without_payload()
         return built
 
     def teardown(self, worker: Any) -> None:
         model_cache.drop(self.name)
         if self.folder is not None:
             host_file.discard(self.folder, self.name)
-
-
-def _no_payload(key: str) -> bytes:
-    raise SparkKerasError(f"the host's payload file for {key} is missing or damaged and this "
-                          f"worker no longer holds the payload: ship the model again")
 
 
 # --- scoring dask collections ---------------------------------------------------------

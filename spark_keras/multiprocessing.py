@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .cache import model_cache
-from .errors import ModelInputError, PayloadError
+from .errors import ModelInputError
 from .inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
 from .inference.signature import Signature, model_outputs, signature_of
 from .payload import host_file, mapped
@@ -85,7 +85,6 @@ def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
     logger.info("pool_predict %s: %d rows in %d tasks, %d processes", key, n, len(chunks),
                 min(processes, len(chunks)))
     with contextlib.ExitStack() as stack:
-        folder = None
         if share_weights and mapped.supported():
             # the parent writes the payload file once; every child maps it
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_pool_"))
@@ -135,12 +134,7 @@ class _Received:
     def build(self, key: str) -> tuple:
         if self.folder is None:
             return self.shipment.build()
-        return self.shipment.build_shared(self.folder, key, self.nbytes, fetch=_no_payload)
-
-
-def _no_payload() -> bytes:
-    raise PayloadError("the pool's payload file is missing or damaged, and pool processes "
-                       "have no copy of the payload to rewrite it from")
+        return self.shipment.build_shared(self.folder, key, self.nbytes)
 
 
 _received: dict[str, _Received] = {}

@@ -251,3 +251,11 @@ def test_a_payload_that_cannot_load_is_not_rewritten(tmp_path):
     assert host_file.identity(path) == before
     loaded, _, _ = Shipment.of(model).build_shared(folder, "m", len(payload))
     assert isinstance(loaded.layers[0], _Unregistered)
+
+
+def test_a_process_without_the_payload_cannot_write_the_file(tmp_path):
+    """A pool child or a Dask worker that let go of the payload bytes refuses clearly
+    when the file it should map is missing."""
+    shipment = Shipment.of(models.mlp(4, 8, 1)).without_payload()
+    with pytest.raises(sk.PayloadError, match="holds no copy of the payload"):
+        shipment.build_shared(str(tmp_path / "f"), "m", 1234)

@@ -218,19 +218,18 @@ def load_mapped(path: PathLike, *, custom_objects: Mapping[str, Any] | None = No
                 ) -> tuple[Any, mapped.WeightMemory]:
     """:func:`load`, and where the model's weights ended up (shared or private bytes)."""
     view = mapped.map_file(path, copy_on_write=share_weights)
+    keep = False
     try:
         model = loads(view, custom_objects=custom_objects, safe_mode=safe_mode,
                       share_weights=share_weights)
         memory = mapped.weight_memory(model, view if share_weights else None)
+        keep = share_weights  # the variables are views of the mapping: it must stay
+        return model, memory
     except PayloadError as exc:
-        mapped.close(view)
         raise PayloadError(f"{os.fspath(path)}: {exc}") from exc
-    except BaseException:
-        mapped.close(view)
-        raise
-    if not share_weights:  # shared: the variables keep the mapping alive
-        mapped.close(view)
-    return model, memory
+    finally:
+        if not keep:
+            mapped.close(view)
 
 
 def is_payload(data: Any) -> bool:

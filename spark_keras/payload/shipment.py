@@ -67,7 +67,7 @@ class Shipment:
         payload lands once in ``folder`` (:mod:`.host_file`; written from ``fetch()``,
         by default this shipment's payload) and the model's variables are views of that
         file, mapped copy-on-write. A damaged file is rewritten once."""
-        fetch = fetch or (lambda: self.payload)
+        fetch = fetch or self._payload_to_write
         path = host_file.land(folder, key, nbytes, fetch)
         try:
             return self.build_from_file(path)
@@ -77,6 +77,13 @@ class Shipment:
                 raise  # the file is sound: the payload itself cannot be loaded here
             logger.warning("payload file %s is damaged; rewriting it", path)
             return self.build_from_file(host_file.land(folder, key, nbytes, fetch, damaged=damaged))
+
+    def _payload_to_write(self) -> bytes:
+        if not self.payload:
+            raise PayloadError("the payload file is missing or damaged, and this process "
+                               "holds no copy of the payload to write it from: ship the "
+                               "model again")
+        return self.payload
 
     def build_from_file(self, path: str, *, share_weights: bool = True
                         ) -> tuple[Any, int, dict[str, Any]]:

@@ -34,9 +34,9 @@ class BroadcastModel(ModelHandle):
 
     With Keras 3 on TensorFlow, an executor holds one copy of the weights whatever its
     number of Python workers: the first worker that needs the model writes the payload
-    to a file in the executor's Spark files folder (removed when the application ends),
-    and every worker builds its model on weights that are views of that file, mapped
-    copy-on-write (see :func:`spark_keras.load` with ``share_weights``). Such a model
+    to a file in the executor's block manager directory (deleted when the executor
+    stops; on Spark Connect the session artifact is that file), and every worker builds
+    its model on weights that are views of that file, mapped copy-on-write (see :func:`spark_keras.load` with ``share_weights``). Such a model
     is a normal Keras model; writes to its variables stay private to the worker.
 
     Args:
