@@ -8,7 +8,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .cache import cache_info, configure_cache  # noqa: E402
-from .errors import ModelInputError, PayloadError, SparkKerasError  # noqa: E402
+from .errors import ModelInputError, PayloadError, SparkKerasError, StorageError  # noqa: E402
 from .payload import dumps, is_payload, load, loads, make_picklable, save  # noqa: E402
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "configure_cache",
     "SparkKerasError",
     "PayloadError",
+    "StorageError",
     "ModelInputError",
 ]
 

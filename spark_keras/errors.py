@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SparkKerasError", "PayloadError", "ModelInputError"]
+__all__ = ["SparkKerasError", "PayloadError", "StorageError", "ModelInputError"]
 
 
 class SparkKerasError(Exception):
@@ -11,6 +11,10 @@ class SparkKerasError(Exception):
 
 class PayloadError(SparkKerasError, ValueError):
     """A model payload is corrupted, truncated, incompatible or cannot be written."""
+
+
+class StorageError(SparkKerasError, OSError):
+    """A model file cannot be read from where it is stored (missing, unreachable, denied)."""
 
 
 class ModelInputError(SparkKerasError, ValueError):

@@ -9,6 +9,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Spark's Python workers must run this interpreter (the venv's), not the system one.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Credentials for the S3-compatible test server (tests.s3_server); every Spark JVM and
+# Python worker inherits them from here. No real AWS account is involved.
+for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                      "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    os.environ.setdefault(_name, _value)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -116,3 +121,27 @@ def run_script(folder, source: str, marker: str, timeout: int = 280) -> None:
     proc = subprocess.run([sys.executable, str(script)], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0 and marker in proc.stdout, proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3-compatible server (moto), started and stopped around the module."""
+    pytest.importorskip("moto.server")
+    from .s3_server import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+def run_score_job(*args: str, cwd=None, timeout: int = 300, **env: str):
+    """``python jobs/score.py ARGS`` (no spark-submit: how a Spark Connect client runs it)
+    in this process's environment, less any SPARK_REMOTE / SPARK_KERAS_BUILD_LOG, plus
+    ``env``."""
+    import subprocess
+
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("SPARK_REMOTE", "SPARK_KERAS_BUILD_LOG")}
+    env = dict(inherited, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               TF_CPP_MIN_LOG_LEVEL="2", **env)
+    cmd = [sys.executable, os.path.join(REPO_ROOT, "jobs", "score.py"), *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -259,3 +259,22 @@ def test_a_process_without_the_payload_cannot_write_the_file(tmp_path):
     shipment = Shipment.of(models.mlp(4, 8, 1)).without_payload()
     with pytest.raises(sk.PayloadError, match="holds no copy of the payload"):
         shipment.build_shared(str(tmp_path / "f"), "m", 1234)
+
+
+def test_a_streaming_writer_lands_a_whole_file_or_nothing(tmp_path):
+    payload = sk.dumps(models.mlp(4, 8, 2))
+    folder = str(tmp_path / "f")
+
+    def broken(out):  # a download that dies half-way
+        out.write(payload[:100])
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError, match="connection reset"):
+        host_file.land(folder, "m", len(payload), write=broken)
+    with pytest.raises(sk.PayloadError, match="the payload of m is 100 bytes, expected"):
+        host_file.land(folder, "m", len(payload), write=lambda out: out.write(payload[:100]))
+    assert os.listdir(folder) == ["m.skp.lock"]  # no partial file, no temporary left
+    path = host_file.land(folder, "m", len(payload), write=lambda out: out.write(payload))
+    assert open(path, "rb").read() == payload
+    with pytest.raises(TypeError, match="one of fetch and write"):
+        host_file.land(folder, "n", 1)

@@ -100,3 +100,30 @@ def test_unpersist_keeps_one_rebuild_per_worker_on_a_fresh_file(cluster, build_l
     names = {n for part in cluster.sparkContext.parallelize(range(4), 4).mapPartitions(files).collect()
              for n in part}
     assert f"{bm.key}.skp" in names and f"{old}.skp" not in names, names
+
+
+def test_a_stored_model_is_read_once_per_executor(cluster, build_log, s3):
+    """An ``s3://`` model: each of the two executors reads it from storage once, into
+    its own folder, whatever the number of its Python workers and tasks."""
+    import time
+
+    model = models.mlp(8, 16, 2)
+    uri = s3.put("cluster.skp", sk.dumps(model))
+    bm = sk.BroadcastModel(cluster, uri)
+    df = cluster.createDataFrame([(i, [float(i)] * 8) for i in range(64)],
+                                 "id long, f array<float>").repartition(16)
+    expected = np.asarray(model(np.array([[float(i)] * 8 for i in range(64)], "float32")))
+    for _ in range(2):
+        out = bm.transform(df, "f").toPandas().sort_values("id")
+        np.testing.assert_array_equal(np.stack(out["prediction"].to_numpy()), expected)
+
+    def where(_):
+        bm.value  # noqa: B018  (the RDD pool builds it too)
+        yield executor_folder(), os.stat(host_file.path_for(executor_folder(), bm.key)).st_ino
+
+    seen = dict(cluster.sparkContext.parallelize(range(8), 8).mapPartitions(where).collect())
+    assert len(seen) == 2, seen  # both executors, one file each
+    time.sleep(0.3)  # the server logs a request just after answering it
+    assert s3.gets("cluster.skp") == 1 + 2, s3.requests  # the driver, then each executor once
+    builds = builds_by_worker(build_log, bm.key)
+    assert set(builds.values()) == {1} and len(builds) <= 4, builds

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import glob
 import logging
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
+
+from ..errors import PayloadError
 
 logger = logging.getLogger("spark_keras")
 
@@ -45,10 +48,17 @@ def identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any], *,
+def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = None, *,
+         write: Callable[[BinaryIO], Any] | None = None,
          damaged: tuple[int, int] | None = None) -> str:
-    """The path of ``key``'s payload file in ``folder``, written from ``fetch()`` (the
-    payload, bytes-like, ``nbytes`` long) by whichever process comes first."""
+    """The path of ``key``'s payload file in ``folder``, written by whichever process
+    comes first: from ``fetch()`` (the payload, bytes-like), or by ``write(file)``
+    (which streams it into an open file, whose ``name`` it may read back). Either way
+    it must be ``nbytes`` long."""
+    if (fetch is None) == (write is None):
+        raise TypeError("land() takes one of fetch and write")
+    if write is None:
+        write = functools.partial(_write_fetched, fetch)
     path = path_for(folder, key)
     if damaged is None and _complete(path, nbytes):
         return path
@@ -60,16 +70,24 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any], *,
         for stale in glob.glob(glob.escape(path) + ".tmp-*"):  # their writers died
             _remove(stale)
         started = time.perf_counter()
-        data = memoryview(fetch()).cast("B")
-        if data.nbytes != nbytes:
-            raise ValueError(f"payload for {key} is {data.nbytes} bytes, expected {nbytes}")
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w+b") as f:
+                write(f)
+                written = f.tell()
+            if written != nbytes:
+                raise PayloadError(f"the payload of {key} is {written} bytes, expected {nbytes}")
+            os.replace(tmp, path)
+        except BaseException:
+            _remove(tmp)
+            raise
     logger.info("wrote %s (%.1f MB) in %.2fs%s", path, nbytes / 2**20,
                 time.perf_counter() - started, " (the old copy was damaged)" if damaged else "")
     return path
+
+
+def _write_fetched(fetch: Callable[[], Any], f: BinaryIO) -> None:
+    f.write(memoryview(fetch()).cast("B"))
 
 
 def discard(folder: str, key: str) -> None:

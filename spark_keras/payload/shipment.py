@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 from ..errors import PayloadError
 from . import format as fmt
@@ -50,7 +50,8 @@ class Shipment:
         """This shipment minus the payload bytes (which travel another way)."""
         return replace(self, payload=b"")
 
-    def _objects(self) -> dict[str, Any] | None:
+    def custom_objects(self) -> dict[str, Any] | None:
+        """The custom classes and functions shipped with the model (unpickled here)."""
         import pickle
 
         return pickle.loads(self.objects) if self.objects else None
@@ -58,25 +59,30 @@ class Shipment:
     def build(self) -> tuple[Any, int, dict[str, Any]]:
         """``(model, payload size, weight memory)``, as :meth:`ModelCache.get_or_build`
         wants it; the weights are copied into this process."""
-        model = loads(self.payload, custom_objects=self._objects(), safe_mode=self.safe_mode)
+        model = loads(self.payload, custom_objects=self.custom_objects(), safe_mode=self.safe_mode)
         return model, len(self.payload), weight_memory(model, None).as_dict()
 
     def build_shared(self, folder: str, key: str, nbytes: int,
-                     fetch: Callable[[], Any] | None = None) -> tuple[Any, int, dict[str, Any]]:
+                     fetch: Callable[[], Any] | None = None, *,
+                     write: Callable[[BinaryIO], Any] | None = None,
+                     share_weights: bool = True) -> tuple[Any, int, dict[str, Any]]:
         """Like :meth:`build`, on weights shared by every process of this host: the
-        payload lands once in ``folder`` (:mod:`.host_file`; written from ``fetch()``,
-        by default this shipment's payload) and the model's variables are views of that
-        file, mapped copy-on-write. A damaged file is rewritten once."""
-        fetch = fetch or self._payload_to_write
-        path = host_file.land(folder, key, nbytes, fetch)
+        payload lands once in ``folder`` (:mod:`.host_file`; from ``fetch()`` or
+        ``write(file)``, by default this shipment's payload) and the model's variables
+        are views of that file, mapped copy-on-write (copies if not ``share_weights``).
+        A damaged file is rewritten once."""
+        if fetch is None and write is None:
+            fetch = self._payload_to_write
+        path = host_file.land(folder, key, nbytes, fetch, write=write)
         try:
-            return self.build_from_file(path)
+            return self.build_from_file(path, share_weights=share_weights)
         except PayloadError:
             damaged = host_file.identity(path)
             if damaged is None or _verifies(path):
                 raise  # the file is sound: the payload itself cannot be loaded here
             logger.warning("payload file %s is damaged; rewriting it", path)
-            return self.build_from_file(host_file.land(folder, key, nbytes, fetch, damaged=damaged))
+            path = host_file.land(folder, key, nbytes, fetch, write=write, damaged=damaged)
+            return self.build_from_file(path, share_weights=share_weights)
 
     def _payload_to_write(self) -> bytes:
         if not self.payload:
@@ -89,7 +95,7 @@ class Shipment:
                         ) -> tuple[Any, int, dict[str, Any]]:
         """Like :meth:`build`, from a payload file (this shipment's payload left aside);
         with ``share_weights``, on weights mapped from it."""
-        model, memory = load_mapped(path, custom_objects=self._objects(),
+        model, memory = load_mapped(path, custom_objects=self.custom_objects(),
                                     safe_mode=self.safe_mode, share_weights=share_weights)
         return model, os.path.getsize(path), memory.as_dict()
 

@@ -14,6 +14,7 @@ from ..handle import ModelHandle
 from ..inference.predictor import DEFAULT_BATCH_SIZE
 from ..inference.signature import Signature
 from ..payload.shipment import Shipment
+from ..storage import StoredModel, open_model
 from .transport import transport_for
 
 logger = logging.getLogger("spark_keras")
@@ -42,7 +43,12 @@ class BroadcastModel(ModelHandle):
     Args:
         spark: a ``SparkSession`` or ``SparkContext``.
         model_or_path: a Keras model, a ``.keras`` file, or a payload file
-            (``spark_keras.save``).
+            (``spark_keras.save``): a local path, or a URI that ``pyarrow.fs``
+            resolves (``file://``, ``s3://``, ``gs://``, ``hdfs://``...). A URI is
+            not shipped through the driver: each executor reads the file from
+            storage once (converting a ``.keras`` file there) and refuses it unless
+            its payload digest is the one the driver read (see
+            :mod:`spark_keras.storage` for credentials).
         custom_objects: custom classes/functions the model needs. They, and the custom
             classes found in the model, are shipped with the payload (cloudpickle: classes
             defined in the driver's ``__main__`` travel by value); the payload format
@@ -63,7 +69,7 @@ class BroadcastModel(ModelHandle):
     def __init__(self, spark: Any, model_or_path: Any, *,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True) -> None:
-        model, payload = _model_and_payload(model_or_path, custom_objects, safe_mode)
+        model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
                                payload=payload)
         self._name = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
@@ -75,7 +81,7 @@ class BroadcastModel(ModelHandle):
         # the payload travels on its own (a broadcast, or a Connect artifact), so a
         # worker that finds it already on disk never unpickles it; the rest is small
         # and travels in the handle
-        self._transport = transport_for(spark, self._key, payload)
+        self._transport = transport_for(spark, self._key, payload, stored)
         self._recipe = shipment.without_payload()
         self._share_weights = share_weights
         self._released = False
@@ -197,23 +203,9 @@ def _restore(key: str, transport: Any, nbytes: int, signature: Signature,
 
 
 def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,
-                       safe_mode: bool) -> tuple[Any, bytes]:
-    from ..errors import PayloadError
+                       safe_mode: bool) -> tuple[Any, bytes, StoredModel | None]:
     from ..payload import codec
 
-    if not isinstance(model_or_path, (str, os.PathLike)):
-        return model_or_path, codec.dumps(model_or_path, custom_objects=custom_objects)
-    path = os.fspath(model_or_path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise PayloadError(f"cannot read model file {path!r}: {exc}") from exc
-    if codec.is_payload(data):
-        return codec.loads(data, custom_objects=custom_objects, safe_mode=safe_mode), data
-    if data[:4] != b"PK\x03\x04":
-        raise PayloadError(f"{path!r} is neither a spark_keras payload nor a .keras file")
-    from .. import flavour
-
-    model = flavour.current().module.saving.load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
-    return model, codec.dumps(model, custom_objects=custom_objects)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return open_model(model_or_path, custom_objects=custom_objects, safe_mode=safe_mode)
+    return model_or_path, codec.dumps(model_or_path, custom_objects=custom_objects), None

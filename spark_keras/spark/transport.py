@@ -8,6 +8,10 @@
   the payload is uploaded once as a session artifact (``spark.addArtifacts``, streamed in
   chunks, never inside a plan); Spark puts one copy in each executor's session folder,
   which every worker maps directly.
+* :class:`StorageTransport` (a model given by URI, classic or Connect): nothing is
+  shipped but the URI; the first worker of an executor that needs the model reads it
+  straight from storage into the executor's folder, checked against the driver's
+  digest, and every worker maps that file.
 
 The model's custom objects and ``safe_mode`` (the payload-less :class:`Shipment`)
 travel in the handle itself: small, and needed before any payload is touched.
@@ -23,6 +27,7 @@ from typing import Any
 from ..errors import PayloadError, SparkKerasError
 from ..payload import host_file, mapped
 from ..payload.shipment import Shipment
+from ..storage import StoredModel
 
 
 def is_connect(spark: Any) -> bool:
@@ -34,7 +39,12 @@ def is_connect(spark: Any) -> bool:
     return isinstance(spark, ConnectSession)
 
 
-def transport_for(spark: Any, key: str, payload: bytes) -> "BroadcastTransport | ArtifactTransport":
+def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | None = None
+                  ) -> "BroadcastTransport | ArtifactTransport | StorageTransport":
+    """How ``payload`` reaches ``spark``'s executors: from storage if the model has a
+    URI (``stored``), else as a broadcast (classic) or a session artifact (Connect)."""
+    if stored is not None:
+        return StorageTransport(stored, rdds=not is_connect(spark))
     if is_connect(spark):
         return ArtifactTransport.upload(spark, key, payload)
     return BroadcastTransport(getattr(spark, "sparkContext", spark), payload)
@@ -70,10 +80,7 @@ class BroadcastTransport:
     @staticmethod
     def forget(keys: list[str]) -> None:
         """In a worker: remove the executor's files of released models."""
-        folder = executor_folder()
-        if folder is not None:
-            for key in keys:
-                host_file.discard(folder, key)
+        _discard_files(keys)
 
     def __reduce__(self) -> tuple:
         return (_broadcast_transport, (self._broadcast,))
@@ -94,6 +101,13 @@ def executor_folder() -> str | None:
     model from the broadcast value alone."""
     local_dirs = os.environ.get("SPARK_LOCAL_DIRS")
     return os.path.join(local_dirs.split(",")[0], "spark_keras") if local_dirs else None
+
+
+def _discard_files(keys: list[str]) -> None:
+    folder = executor_folder()
+    if folder is not None:
+        for key in keys:
+            host_file.discard(folder, key)
 
 
 def _forget_loaded_value(broadcast: Any) -> None:
@@ -148,3 +162,41 @@ class ArtifactTransport:
     @staticmethod
     def forget(keys: list[str]) -> None:
         """Artifacts belong to the session: nothing to remove in a worker."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageTransport:
+    """The payload read by each executor straight from storage (``stored.uri``)."""
+
+    stored: StoredModel
+    rdds: bool = True
+
+    def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
+        objects = recipe.custom_objects()
+
+        def write(out: Any) -> None:
+            self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
+
+        share = share_weights and mapped.supported()
+        folder = executor_folder()
+        try:
+            if folder is not None:
+                return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share)
+            with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
+                return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False)
+        except PayloadError as exc:
+            if self.stored.uri in str(exc):
+                raise
+            raise PayloadError(f"the model read from {self.stored.uri!r} cannot be loaded: "
+                               f"{exc}") from exc
+
+    def renew(self, blocking: bool) -> None:
+        """Nothing to renew: workers read the file again under the handle's new key."""
+
+    def destroy(self, blocking: bool) -> None:
+        """Nothing to release but the executors' files (removed by :meth:`forget`)."""
+
+    @staticmethod
+    def forget(keys: list[str]) -> None:
+        """In a worker: remove the executor's files of released models."""
+        _discard_files(keys)
