@@ -17,7 +17,6 @@ Three ways in, from simplest to fastest:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import uuid
@@ -31,7 +30,6 @@ except ImportError as exc:  # pragma: no cover
     raise ImportError("spark_keras.dask needs dask and distributed: "
                       "pip install 'spark-keras[dask]'") from exc
 
-from . import flavour
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
@@ -39,12 +37,12 @@ from .inference.predictor import DEFAULT_BATCH_SIZE
 from .inference.signature import Signature, TensorSpec, model_outputs
 from .payload import host_file, mapped
 from .payload.shipment import Shipment
+from .preload import PRELOAD_ENV, preload
 
 logger = logging.getLogger("spark_keras")
 
 __all__ = ["ship", "DaskModel", "predict_dask", "dask_setup", "PRELOAD_ENV"]
 
-PRELOAD_ENV = "SPARK_KERAS_PRELOAD"
 
 
 def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
@@ -326,15 +324,7 @@ def dask_setup(worker: Any = None) -> list[str]:
     Raises:
         SparkKerasError: a listed module cannot be imported (the worker does not start).
     """
-    flavour.current()  # imports Keras (or tf-keras)
-
-    names = [n.strip() for n in os.environ.get(PRELOAD_ENV, "").split(",") if n.strip()]
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            raise SparkKerasError(f"cannot preload {name!r} (from {PRELOAD_ENV}): "
-                                  f"{type(exc).__name__}: {exc}") from exc
+    names = preload()
     logger.info("spark_keras preload on %s: keras%s", getattr(worker, "address", "worker"),
                 "".join(f", {n}" for n in names))
     return names

@@ -1,0 +1,158 @@
+"""The preloading daemon (``spark.python.daemon.module=spark_keras.spark.daemon``):
+workers fork from a daemon that imported TensorFlow, Keras and the SPARK_KERAS_PRELOAD
+modules without starting TensorFlow's runtime or any thread, score bit-identically on
+every path (with ``spark.python.worker.reuse=false``, after a worker is killed), and a
+daemon that cannot fork safely becomes the stock one."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import spark_keras as sk
+from spark_keras.inference import predictor_for
+
+from . import models
+from .conftest import REPO_ROOT, builds_by_worker, make_spark
+from .preload.layers import Scale
+
+DAEMON = "spark_keras.spark.daemon"
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("daemon-reports"))
+
+
+@pytest.fixture(scope="module")
+def spark(build_log, reports):
+    # local[2,2]: two slots, a failed task is retried once; a fresh worker for every task
+    session = make_spark("local[2,2]", build_log, **{
+        "spark.python.daemon.module": DAEMON,
+        "spark.python.worker.reuse": "false",
+        "spark.executorEnv.SPARK_KERAS_DAEMON_REPORT": reports,
+        "spark.executorEnv.SPARK_KERAS_PRELOAD": "tests.preload.layers"})
+    yield session
+    session.stop()
+
+
+def daemon_reports(folder: str) -> dict[int, dict]:
+    found = [json.load(open(p)) for p in glob.glob(os.path.join(folder, "daemon-*.json"))]
+    return {r["pid"]: r for r in found}
+
+
+def scaled_mlp() -> keras.Model:
+    inp = keras.Input((6,))
+    out = keras.layers.Dense(3)(Scale(3.0)(keras.layers.Dense(16, activation="relu")(inp)))
+    return keras.Model(inp, out)
+
+
+def test_workers_fork_from_a_daemon_that_preloaded_safely(spark, reports):
+    def parent(_):
+        yield os.getppid()
+
+    parents = set(spark.sparkContext.parallelize(range(4), 4).mapPartitions(parent).collect())
+    found = daemon_reports(reports)
+    assert parents and parents <= set(found), (parents, found)
+    for pid in parents:
+        report = found[pid]
+        assert report["refused"] is None, report
+        assert report["keras"].startswith(("keras3", "tf_keras")) and report["backend"] == "tensorflow"
+        assert report["preloaded"] == ["tests.preload.layers"]
+        assert report["threads"] == ["python"] and report["python_threads"] == ["MainThread"], report
+        assert report["tensorflow_runtime_started"] is False
+
+
+def test_every_scoring_path_matches_the_model_bit_for_bit(spark, build_log):
+    from pyspark.ml.functions import array_to_vector
+
+    model = scaled_mlp()
+    x = np.random.default_rng(4).standard_normal((40, 6)).astype("float32")
+    want = predictor_for(model)([x], 1024)[0]
+    bm = sk.BroadcastModel(spark, model)
+    df = spark.createDataFrame([(i, x[i].tolist()) for i in range(40)],
+                               "id long, f array<float>").repartition(4)
+
+    def stacked(pdf, col="prediction"):
+        return np.stack(pdf.sort_values("id")[col].to_numpy())
+
+    np.testing.assert_array_equal(stacked(bm.transform(df, "f").toPandas()), want)
+    np.testing.assert_array_equal(stacked(bm.transform(
+        df.withColumn("v", array_to_vector("f")), "v").toPandas()), want)
+    np.testing.assert_array_equal(stacked(df.select("id", bm.predict_udf()("f").alias("p"))
+                                          .toPandas(), "p"), want)
+
+    def partitions(rows):
+        rows = list(rows)
+        return zip([r.id for r in rows], bm.predict_partition([r.f for r in rows]))
+
+    def user_code(rows):  # user code calling bm.value in the RDD pool
+        rows = list(rows)
+        out = np.asarray(bm.value(np.array([r.f for r in rows], "float32").reshape(-1, 6)))
+        return zip([r.id for r in rows], out)
+
+    for fn in (partitions, user_code):
+        got = dict(df.rdd.mapPartitions(fn).collect())
+        np.testing.assert_array_equal(np.stack([got[i] for i in range(40)]), want)
+
+    builds = builds_by_worker(build_log, bm.key)
+    assert len(builds) >= 4 and set(builds.values()) == {1}, builds  # fresh workers, one build each
+
+
+def test_a_worker_killed_mid_task_is_replaced_and_no_row_is_lost(spark):
+    model = models.mlp(4, 8, 2)
+    bm = sk.BroadcastModel(spark, model)
+    x = np.arange(64, dtype="float32").reshape(16, 4) / 10
+
+    def dies_once(rows):
+        from pyspark import TaskContext
+
+        rows = list(rows)
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 1 and ctx.attemptNumber() == 0:
+            bm.value  # noqa: B018  (mid-task: the model is built, then the worker dies)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return [(i, ctx.attemptNumber(), p) for i, p in zip(rows, bm.predict_partition([x[i] for i in rows]))]
+
+    out = spark.sparkContext.parallelize(range(16), 4).mapPartitions(dies_once).collect()
+    assert sorted(i for i, _, _ in out) == list(range(16))
+    assert {i: a for i, a, _ in out if a}.keys() == {4, 5, 6, 7}  # partition 1, retried
+    np.testing.assert_array_equal(np.stack([p for *_, p in sorted(out, key=lambda r: r[0])]),
+                                  predictor_for(model)([x], 1024)[0])
+
+
+# --- the fork checks, on the daemon process itself ------------------------------------
+
+@pytest.mark.parametrize("preload, reason", [
+    ("tests.preload.starts_thread", r"preloading left 2 threads running \(.*preload-sleeper"),
+    ("tests.preload.runs_tf_op", "preloading started TensorFlow's runtime"),
+    ("tests.no_such_module", "preloading failed: SparkKerasError: cannot preload 'tests.no_such_module'"),
+])
+def test_a_daemon_that_cannot_fork_safely_becomes_the_stock_one(tmp_path, preload, reason):
+    # OMP_NUM_THREADS=1, as Spark sets it for its Python workers (one BLAS thread)
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, SPARK_KERAS_PRELOAD=preload, OMP_NUM_THREADS="1",
+               SPARK_KERAS_DAEMON_REPORT=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", DAEMON], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        port = struct.unpack("!i", proc.stdout.read(4))[0]  # what Spark reads first
+        assert 0 < port < 65536
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert b"pyspark.daemon" in f.read()  # the same process, now the stock daemon
+    finally:
+        proc.stdin.close()  # the daemon's signal to shut down
+        proc.wait(timeout=60)
+        stderr = proc.stderr.read().decode()
+    assert "spark_keras daemon: " in stderr and "using the stock PySpark daemon" in stderr, stderr
+    report = daemon_reports(str(tmp_path))[proc.pid]
+    assert report["refused"] and re.search(reason, report["refused"]), report
