@@ -97,12 +97,14 @@ def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
     return {i["pid"]: i for i in found}
 
 
-def submit_score_job(*args: str, timeout: int = 300):
-    """``spark-submit jobs/score.py ARGS`` on local[2] with conf/spark-defaults.conf."""
+def submit_score_job(*args: str, timeout: int = 300, **env: str):
+    """``spark-submit jobs/score.py ARGS`` on local[2] with conf/spark-defaults.conf, in
+    this process's environment plus ``env``."""
     import subprocess
 
     spark_submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               **env)
     cmd = [spark_submit, "--master", "local[2]", "--properties-file",
            os.path.join(REPO_ROOT, "conf", "spark-defaults.conf"),
            os.path.join(REPO_ROOT, "jobs", "score.py"), *args]

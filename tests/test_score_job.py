@@ -1,9 +1,11 @@
 """jobs/score.py through spark-submit on small parquet and CSV files, its exit status and
-its one-line failures."""
+its one-line failures; and as a Spark Connect client (``--remote local[2]`` or
+``SPARK_REMOTE``, a real local Connect server) with the same output and failures."""
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 
@@ -16,6 +18,7 @@ import pytest
 import spark_keras as sk
 
 from . import models
+from .conftest import REPO_ROOT, run_score_job
 from .conftest import submit_score_job as submit
 
 FEATURES = [f"f{i}" for i in range(6)]
@@ -62,13 +65,18 @@ def test_score_csv_with_format_overwriting_old_output(files):
     out = folder / "scored"
     out.mkdir()
     pd.DataFrame({"stale": [7, 8, 9]}).to_parquet(out / "part-old.parquet", index=False)
-    proc = submit("--model", str(folder / "model.skp"), "--input", str(folder / "in.txt"),
+    reports = folder / "daemon-reports"
+    # the model by URI (read by the executor from storage); the workers' daemon reports
+    proc = submit("--model", f"file://{folder}/model.skp", "--input", str(folder / "in.txt"),
                   "--format", "csv", "--output", str(out), "--features", ",".join(FEATURES),
-                  "--batch-size", "64", "--overwrite")
+                  "--batch-size", "64", "--overwrite", SPARK_KERAS_DAEMON_REPORT=str(reports))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows, builds = summary(proc)
     assert rows == 250
     assert_one_build_per_worker(builds)
+    # conf/spark-defaults.conf: workers forked from the preloading daemon
+    daemons = [json.loads(p.read_text()) for p in reports.glob("daemon-*.json")]
+    assert daemons and all(d["refused"] is None for d in daemons), daemons
     assert not (out / "part-old.parquet").exists()
     scored = pd.read_parquet(out).sort_values("id")  # only the new data
     assert list(scored.columns) == ["id", *FEATURES, "prediction"]
@@ -107,19 +115,23 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     assert sorted(p["id"].tolist() for p in parts) == [list(range(42)), list(range(1000, 1006))]
 
 
-@pytest.mark.parametrize("case", ["missing input", "unreadable model", "output exists",
-                                  "unknown feature", "bad data"])
+@pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
+                                  "output exists", "unknown feature", "bad data"])
 def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     folder, _, _ = files
     args = {"--model": str(folder / "model.keras"), "--input": str(folder / "in.parquet"),
             "--output": str(folder / f"out-{case.replace(' ', '-')}"), "--features": "features"}
     # checked before any Spark job runs: status 2; a failed Spark job (bad data): status 1
-    expected, status = {"missing input": ("input path", 2), "unreadable model": ("cannot load model", 2),
+    expected, status = {"missing input": ("input path", 2),
+                        "missing model": ("/nope.skp' does not exist", 2),
+                        "unreadable model": ("cannot load model", 2),
                         "output exists": ("exists; pass --overwrite", 2),
                         "unknown feature": ("not in the input", 2),
                         "bad data": ("column 'features' has type string", 1)}[case]
     if case == "missing input":
         args["--input"] = str(folder / "nope.parquet")
+    elif case == "missing model":
+        args["--model"] = f"file://{folder}/nope.skp"
     elif case == "unreadable model":
         (folder / "garbage.keras").write_bytes(b"not a model at all")
         args["--model"] = str(folder / "garbage.keras")
@@ -137,3 +149,92 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     errors = [line for line in output.splitlines() if line.startswith("score.py: error:")]
     assert len(errors) == 1 and expected in errors[0], output[-3000:]
     assert set(os.listdir(folder)) == before  # no partial output, no staging folder
+
+
+# --- Spark Connect -------------------------------------------------------------------------
+# A local Connect server always listens on port 15002: the jobs below run one at a time.
+
+
+def needs_connect() -> None:
+    pytest.importorskip("grpc")
+    pytest.importorskip("zstandard")
+
+
+def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(files):
+    """``--remote local[2]``, run from the data folder with relative paths: the server
+    and the client must agree on what they mean."""
+    needs_connect()
+    folder, model, x = files
+    out = folder / "connect-scored"
+    out.mkdir()
+    pd.DataFrame({"stale": [7, 8, 9]}).to_parquet(out / "part-old.parquet", index=False)
+    before = set(os.listdir(folder))
+    proc = run_score_job("--remote", "local[2]", "--model", "model.skp", "--input", "in.parquet",
+                         "--output", "connect-scored", "--features", "features",
+                         "--batch-size", "64", "--overwrite", cwd=folder)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows, builds = summary(proc)
+    assert rows == 250
+    assert_one_build_per_worker(builds)
+    assert set(os.listdir(folder)) == before  # no staging folder left
+    assert not (out / "part-old.parquet").exists()
+    scored = pd.read_parquet(out).sort_values("id")  # only the new data
+    assert list(scored.columns) == ["id", "features", "name", "prediction"]
+    assert scored["id"].tolist() == list(range(250))
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["output exists", "missing input", "master and remote", "bad data"])
+def test_connect_failures_are_one_line_and_leave_nothing(files, case):
+    """Through ``SPARK_REMOTE``: the same one-line errors and statuses as classic. Path
+    errors are found on the client before a server starts; only "bad data" runs a job
+    (it fails while writing the staging folder, which must be gone afterwards)."""
+    needs_connect()
+    folder, _, _ = files
+    args = {"--model": str(folder / "model.keras"), "--input": str(folder / "in.parquet"),
+            "--output": str(folder / f"connect-out-{case.replace(' ', '-')}"), "--features": "features"}
+    expected, status = {"output exists": ("exists; pass --overwrite", 2),
+                        "missing input": ("input path", 2),
+                        "master and remote": ("--master 'local[1]' cannot be combined", 2),
+                        "bad data": ("column 'features' has type string", 1)}[case]
+    if case == "output exists":
+        os.makedirs(args["--output"], exist_ok=True)
+    elif case == "missing input":
+        args["--input"] = str(folder / "nope.parquet")
+    elif case == "master and remote":
+        args["--master"] = "local[1]"
+    elif case == "bad data":
+        args["--input"] = str(folder / "bad.parquet")
+    before = set(os.listdir(folder))
+    proc = run_score_job(*[item for pair in args.items() for item in pair], SPARK_REMOTE="local[2]")
+    assert proc.returncode == status, (proc.stdout + proc.stderr)[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("score.py: error:")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-3000:]
+    assert "SCORED" not in proc.stdout
+    assert set(os.listdir(folder)) == before  # no output, no staging folder
+
+
+def test_connect_path_never_touches_the_jvm():
+    """A Connect session has no SparkContext: every use of one (and of SparkConf) lives
+    in the classic-only code, which ``_open``/``_build_log_folder`` reach only without a
+    remote."""
+    import ast
+
+    with open(os.path.join(REPO_ROOT, "jobs", "score.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    jvm = {"sparkContext", "_jvm", "_jsc", "SparkConf"}
+    users = {top.name for top in tree.body if isinstance(top, (ast.FunctionDef, ast.ClassDef))
+             for node in ast.walk(top)
+             if (isinstance(node, ast.Attribute) and node.attr in jvm)
+             or (isinstance(node, ast.Name) and node.id in jvm)
+             or (isinstance(node, ast.alias) and node.name in jvm)}
+    assert users == {"_session", "HadoopPaths", "_classic_build_log"}, users
+    functions = {top.name: top for top in tree.body if isinstance(top, ast.FunctionDef)}
+    for name, classic in {"_open": {"_session", "HadoopPaths"},
+                          "_build_log_folder": {"_classic_build_log"}}.items():
+        guard = functions[name].body[1]  # after the docstring: ``if <remote>: ... return``
+        assert isinstance(guard, ast.If) and "remote" in ast.unparse(guard.test)
+        assert isinstance(guard.body[-1], ast.Return) and not guard.orelse
+        called = {n.func.id for n in ast.walk(guard) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Name)}
+        assert not called & classic, (name, called)
