@@ -27,8 +27,14 @@ def rng() -> np.random.Generator:
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Python workers fork from the preloading daemon, as conf/spark-defaults.conf recommends;
+# SPARK_KERAS_TEST_DAEMON=pyspark.daemon runs the suite on the stock one.
+DAEMON = os.environ.get("SPARK_KERAS_TEST_DAEMON", "spark_keras.spark.daemon")
+
+
 def make_spark(master: str, build_log: str, **conf: str):
-    """A real SparkSession whose Python workers run this interpreter and log builds."""
+    """A real SparkSession whose Python workers run this interpreter and log builds (and
+    whose worker daemons report themselves) in ``build_log``."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName("spark-keras-tests")
@@ -37,7 +43,9 @@ def make_spark(master: str, build_log: str, **conf: str):
                .config("spark.pyspark.python", sys.executable)
                .config("spark.executorEnv.PYTHONPATH", REPO_ROOT)
                .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-               .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log))
+               .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
+               .config("spark.python.daemon.module", DAEMON)
+               .config("spark.executorEnv.SPARK_KERAS_DAEMON_REPORT", build_log))
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -55,6 +63,30 @@ def spark(build_log):
     session = make_spark("local[2]", build_log)
     yield session
     session.stop()
+
+
+def daemon_reports(folder: str) -> dict[int, dict]:
+    """The reports of the preloading daemons that wrote to ``folder``, by pid."""
+    import glob
+    import json
+
+    found = [json.load(open(p)) for p in glob.glob(os.path.join(folder, "daemon-*.json"))]
+    return {r["pid"]: r for r in found}
+
+
+def preloaded_daemons(spark, folder: str, partitions: int = 8) -> list[dict]:
+    """The reports of the daemons that forked this session's RDD workers; fails unless
+    every worker forked from a daemon that preloaded safely."""
+    def parent(_):
+        yield os.getppid()
+
+    parents = set(spark.sparkContext.parallelize(range(partitions), partitions)
+                  .mapPartitions(parent).collect())
+    reports = daemon_reports(folder)
+    assert parents and parents <= set(reports), (parents, reports)
+    chosen = [reports[pid] for pid in sorted(parents)]
+    assert all(r["refused"] is None for r in chosen), chosen
+    return chosen
 
 
 def builds_by_worker(build_log: str, key: str) -> dict[tuple[str, int], int]:

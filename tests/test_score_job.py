@@ -115,19 +115,21 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     assert sorted(p["id"].tolist() for p in parts) == [list(range(42)), list(range(1000, 1006))]
 
 
-@pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
-                                  "output exists", "unknown feature", "bad data"])
-def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
-    folder, _, _ = files
+FAILURES = {  # case: what the job's one error line says, and its exit status
+    "missing input": ("input path", 2),
+    "missing model": ("/nope.skp' does not exist", 2),
+    "unreadable model": ("cannot load model", 2),
+    "output exists": ("exists; pass --overwrite", 2),
+    "unknown feature": ("not in the input", 2),
+    "master and remote": ("--master 'local[1]' cannot be combined", 2),
+    "bad data": ("column 'features' has type string", 1),  # a failed Spark job
+}
+
+
+def failing_args(folder, case: str, prefix: str) -> list[str]:
+    """The job's arguments for the failure ``case``."""
     args = {"--model": str(folder / "model.keras"), "--input": str(folder / "in.parquet"),
-            "--output": str(folder / f"out-{case.replace(' ', '-')}"), "--features": "features"}
-    # checked before any Spark job runs: status 2; a failed Spark job (bad data): status 1
-    expected, status = {"missing input": ("input path", 2),
-                        "missing model": ("/nope.skp' does not exist", 2),
-                        "unreadable model": ("cannot load model", 2),
-                        "output exists": ("exists; pass --overwrite", 2),
-                        "unknown feature": ("not in the input", 2),
-                        "bad data": ("column 'features' has type string", 1)}[case]
+            "--output": str(folder / f"{prefix}-{case.replace(' ', '-')}"), "--features": "features"}
     if case == "missing input":
         args["--input"] = str(folder / "nope.parquet")
     elif case == "missing model":
@@ -139,10 +141,21 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
         os.makedirs(args["--output"], exist_ok=True)
     elif case == "unknown feature":
         args["--features"] = "pixels"
+    elif case == "master and remote":
+        args["--master"] = "local[1]"
     elif case == "bad data":
         args["--input"] = str(folder / "bad.parquet")
+    return [item for pair in args.items() for item in pair]
+
+
+@pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
+                                  "output exists", "unknown feature", "bad data"])
+def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
+    folder, _, _ = files
+    expected, status = FAILURES[case]
+    args = failing_args(folder, case, "out")
     before = set(os.listdir(folder))
-    proc = submit(*[item for pair in args.items() for item in pair])
+    proc = submit(*args)
     assert proc.returncode == status, (proc.stdout + proc.stderr)[-3000:]
     # spark-submit merges the Python driver's stderr into its stdout
     output = proc.stdout + proc.stderr
@@ -191,22 +204,10 @@ def test_connect_failures_are_one_line_and_leave_nothing(files, case):
     (it fails while writing the staging folder, which must be gone afterwards)."""
     needs_connect()
     folder, _, _ = files
-    args = {"--model": str(folder / "model.keras"), "--input": str(folder / "in.parquet"),
-            "--output": str(folder / f"connect-out-{case.replace(' ', '-')}"), "--features": "features"}
-    expected, status = {"output exists": ("exists; pass --overwrite", 2),
-                        "missing input": ("input path", 2),
-                        "master and remote": ("--master 'local[1]' cannot be combined", 2),
-                        "bad data": ("column 'features' has type string", 1)}[case]
-    if case == "output exists":
-        os.makedirs(args["--output"], exist_ok=True)
-    elif case == "missing input":
-        args["--input"] = str(folder / "nope.parquet")
-    elif case == "master and remote":
-        args["--master"] = "local[1]"
-    elif case == "bad data":
-        args["--input"] = str(folder / "bad.parquet")
+    expected, status = FAILURES[case]
+    args = failing_args(folder, case, "connect-out")
     before = set(os.listdir(folder))
-    proc = run_score_job(*[item for pair in args.items() for item in pair], SPARK_REMOTE="local[2]")
+    proc = run_score_job(*args, SPARK_REMOTE="local[2]")
     assert proc.returncode == status, (proc.stdout + proc.stderr)[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("score.py: error:")]
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-3000:]

@@ -11,7 +11,7 @@ import pytest
 import spark_keras as sk
 
 from . import models
-from .conftest import builds_by_worker, make_spark
+from .conftest import DAEMON, builds_by_worker, make_spark, preloaded_daemons
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,10 @@ def test_worker_killed_mid_task_every_row_exactly_once(cluster, build_log, tmp_p
     assert (killed_partition, 0) not in attempts  # the killed attempt left no rows
     assert any(part == killed_partition and attempt >= 1 for part, attempt in attempts), attempts
     assert killed_pid in {pid for _, pid in builds_by_worker(build_log, bm.key)}  # had built it
+
+
+def test_each_executor_forks_its_workers_from_a_preloaded_daemon(cluster, build_log):
+    if DAEMON != "spark_keras.spark.daemon":
+        pytest.skip("the suite runs on the stock daemon (SPARK_KERAS_TEST_DAEMON)")
+    daemons = preloaded_daemons(cluster, build_log, partitions=12)
+    assert len(daemons) == 2, daemons  # one per executor

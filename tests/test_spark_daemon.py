@@ -6,8 +6,6 @@ daemon that cannot fork safely becomes the stock one."""
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import re
 import signal
@@ -23,32 +21,21 @@ import spark_keras as sk
 from spark_keras.inference import predictor_for
 
 from . import models
-from .conftest import REPO_ROOT, builds_by_worker, make_spark
+from .conftest import REPO_ROOT, builds_by_worker, daemon_reports, make_spark, preloaded_daemons
 from .preload.layers import Scale
 
 DAEMON = "spark_keras.spark.daemon"
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("daemon-reports"))
-
-
-@pytest.fixture(scope="module")
-def spark(build_log, reports):
+def spark(build_log):
     # local[2,2]: two slots, a failed task is retried once; a fresh worker for every task
     session = make_spark("local[2,2]", build_log, **{
         "spark.python.daemon.module": DAEMON,
         "spark.python.worker.reuse": "false",
-        "spark.executorEnv.SPARK_KERAS_DAEMON_REPORT": reports,
         "spark.executorEnv.SPARK_KERAS_PRELOAD": "tests.preload.layers"})
     yield session
     session.stop()
-
-
-def daemon_reports(folder: str) -> dict[int, dict]:
-    found = [json.load(open(p)) for p in glob.glob(os.path.join(folder, "daemon-*.json"))]
-    return {r["pid"]: r for r in found}
 
 
 def scaled_mlp() -> keras.Model:
@@ -57,16 +44,8 @@ def scaled_mlp() -> keras.Model:
     return keras.Model(inp, out)
 
 
-def test_workers_fork_from_a_daemon_that_preloaded_safely(spark, reports):
-    def parent(_):
-        yield os.getppid()
-
-    parents = set(spark.sparkContext.parallelize(range(4), 4).mapPartitions(parent).collect())
-    found = daemon_reports(reports)
-    assert parents and parents <= set(found), (parents, found)
-    for pid in parents:
-        report = found[pid]
-        assert report["refused"] is None, report
+def test_workers_fork_from_a_daemon_that_preloaded_safely(spark, build_log):
+    for report in preloaded_daemons(spark, build_log, partitions=4):
         assert report["keras"].startswith(("keras3", "tf_keras")) and report["backend"] == "tensorflow"
         assert report["preloaded"] == ["tests.preload.layers"]
         assert report["threads"] == ["python"] and report["python_threads"] == ["MainThread"], report

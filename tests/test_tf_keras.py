@@ -27,7 +27,7 @@ if flavour.legacy_requested():
 import spark_keras as sk  # noqa: E402
 from spark_keras.errors import PayloadError  # noqa: E402
 
-from .conftest import REPO_ROOT, builds_by_worker, make_spark  # noqa: E402
+from .conftest import DAEMON, REPO_ROOT, builds_by_worker, make_spark, preloaded_daemons  # noqa: E402
 
 
 def seed_model(rng, fit: bool = True):
@@ -246,6 +246,9 @@ def test_seed_001_broadcast_scores_on_executors(cluster, build_log):
     assert builds and all(n == 1 for n in builds.values()), builds
     assert len(builds) >= 2  # one build in each executor's Python worker, at least
     bm.destroy()
+    if DAEMON == "spark_keras.spark.daemon":  # the workers forked from daemons with tf-keras loaded
+        daemons = preloaded_daemons(cluster, build_log)
+        assert len(daemons) == 2 and all(d["keras"].startswith("tf_keras 2.") for d in daemons), daemons
 
 
 def test_executor_without_tf_keras_flag_fails_with_the_fix(cluster):
