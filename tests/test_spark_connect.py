@@ -177,6 +177,29 @@ def test_errors_on_connect_are_clear(connect):
         damaged.transform(df, "f").collect()
 
 
+def test_models_stored_anywhere_on_connect(connect, s3, tmp_path):
+    """A URI is read by the executor from storage: no artifact, no SparkContext."""
+    model = models.mlp(5, 8, 2)
+    x = np.random.default_rng(9).standard_normal((24, 5)).astype("float32")
+    df = connect.createDataFrame([(i, x[i].tolist()) for i in range(24)],
+                                 "id long, f array<float>").repartition(4)
+    sk.save(model, tmp_path / "m.skp")
+    model.save(tmp_path / "m.keras")
+    s3.put("connect.keras", (tmp_path / "m.keras").read_bytes())
+    want = _exact(model, [x])[0]
+    for where in (f"file://{tmp_path}/m.skp", s3.uri("connect.keras")):
+        bm = sk.BroadcastModel(connect, where)
+        assert type(bm._transport).__name__ == "StorageTransport"
+        got = bm.transform(df, "f").orderBy("id").toPandas()["prediction"]
+        np.testing.assert_array_equal(np.stack(got.to_numpy()), want, err_msg=where)
+        with pytest.raises(sk.SparkKerasError, match="Spark Connect has no RDDs"):
+            list(bm.predict_partition(iter([x[0]])))
+        builds = [i["builds_by_key"][bm.key] for i in worker_caches(connect).values()
+                  if bm.key in i["builds_by_key"]]
+        assert builds and set(builds) == {1}, builds
+    assert s3.gets("connect.keras") == 2  # the driver once, the (one) executor once
+
+
 MAIN_DRIVER = textwrap.dedent('''
     import numpy as np, keras
     from pyspark.sql import SparkSession
