@@ -179,3 +179,19 @@ def run_score_job(*args: str, cwd=None, timeout: int = 300, **env: str):
                TF_CPP_MIN_LOG_LEVEL="2", **env)
     cmd = [sys.executable, os.path.join(REPO_ROOT, "jobs", "score.py"), *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def connect():
+    """A Spark Connect session on a real local server (``remote("local[2]")``: port 15002,
+    one at a time); a classic session of an earlier module is stopped first."""
+    pytest.importorskip("grpc")
+    pytest.importorskip("zstandard")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    session = SparkSession.builder.remote("local[2]").getOrCreate()
+    yield session
+    session.stop()

@@ -22,18 +22,6 @@ from .conftest import run_script  # noqa: E402
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def connect():
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:  # a classic session of an earlier module
-        active.stop()
-    session = SparkSession.builder.remote("local[2]").getOrCreate()
-    yield session
-    session.stop()
-
-
 def worker_caches(connect, handle=None) -> dict[int, dict]:
     """``cache_info()`` of the live SQL workers, by pid (Connect takes no executorEnv,
     so no build log: ask the workers)."""
