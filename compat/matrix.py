@@ -43,7 +43,8 @@ LEGS = [
         ["tests/test_spark_broadcast.py", "tests/test_spark_cluster.py",
          "tests/test_spark_main_objects.py", "tests/test_spark_reliability.py",
          "tests/test_score_job.py", "tests/test_spark_inputs.py",
-         "tests/test_spark_shared_weights.py", "tests/test_spark_daemon.py"]),
+         "tests/test_spark_shared_weights.py", "tests/test_spark_daemon.py",
+         "tests/test_spark_ml.py"]),
     # tf-keras 2.21 depends on `tensorflow`; this project pins the identical CPU build
     # `tensorflow-cpu`, so tf-keras goes in without dependencies instead of pulling a
     # second TensorFlow over the first.

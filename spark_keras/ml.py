@@ -385,6 +385,12 @@ def _is_connect(spark: Any) -> bool:
     return is_connect(spark)
 
 
+def _metadata_context(spark: Any) -> Any:
+    """What Spark's metadata writer and reader take: the SparkContext on classic Spark
+    (PySpark 3.5 takes nothing else), the session on Connect."""
+    return spark if _is_connect(spark) else spark.sparkContext
+
+
 def _owner(spark: Any) -> tuple:
     """What a BroadcastModel belongs to: a Connect session, or a SparkContext (which
     every classic session of the application shares)."""
@@ -510,8 +516,8 @@ class _KerasTransformerWriter(MLWriter):
         extra = {"sparkKeras": {"version": __version__, "payload": record}}
         # metadata first: Spark refuses to write it over an existing stage
         params = {p.name: v for p, v in stage._paramMap.items() if v is not None}
-        DefaultParamsWriter.saveMetadata(stage, path, self.sparkSession, extraMetadata=extra,
-                                         paramMap=params)
+        DefaultParamsWriter.saveMetadata(stage, path, _metadata_context(self.sparkSession),
+                                         extraMetadata=extra, paramMap=params)
         location = _payload_location(self.sparkSession, path, PAYLOAD_FILE)
         if not storage.is_uri(location) and _is_connect(self.sparkSession) \
                 and not os.path.isdir(os.path.join(os.path.dirname(location), "metadata")):
@@ -532,7 +538,7 @@ class _KerasTransformerReader(MLReader[KerasTransformer]):
 
     def load(self, path: str) -> KerasTransformer:
         spark = self.sparkSession
-        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_context(spark))
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata.get("class") != expected:
             raise SparkKerasError(f"{path!r} holds a {metadata.get('class')}, not a {expected}")
