@@ -48,10 +48,11 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from .sessions import local_session, start_seconds
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- models --------------------------------------------------------------------------------
@@ -89,13 +90,6 @@ MODELS = [("MLP", mlp_model, (64,), 64), ("CNN (actor)", cnn_model, (120, 160, 2
 
 # --- in the Python workers -----------------------------------------------------------------
 
-def _start_seconds(pid: int | str = "self") -> float:
-    """When ``pid`` was forked, in seconds since boot (1/CLK_TCK resolution)."""
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    return int(stat[stat.rindex(")") + 2:].split()[19]) / CLK_TCK
-
-
 def rebuild_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callable:
     """A task that builds ``bm``'s model in this (fresh) worker and predicts twice."""
 
@@ -117,7 +111,7 @@ def rebuild_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callable:
         bm.predictor([x], rows)
         t3 = time.perf_counter()
         yield {"pid": os.getpid(), "file_present": present,
-               "fork_to_task": since_boot - _start_seconds(), "build_wall": t1 - t0,
+               "fork_to_task": since_boot - start_seconds(), "build_wall": t1 - t0,
                "first_predict": t2 - t1, "second_predict": t3 - t2}
 
     return task
@@ -126,26 +120,10 @@ def rebuild_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callable:
 # --- on the driver -------------------------------------------------------------------------
 
 def session(build_log: str, reuse: bool):
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("spark-keras-bench-stream-rebuild")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "4g")
-             .config("spark.pyspark.python", sys.executable)
-             .config("spark.python.worker.reuse", str(reuse).lower())
-             .config("spark.python.daemon.module", "spark_keras.spark.daemon")
-             .config("spark.executorEnv.PYTHONPATH", ROOT)
-             .config("spark.executorEnv.KERAS_BACKEND", "tensorflow")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-             .config("spark.executorEnv.TF_NUM_INTRAOP_THREADS", "1")
-             .config("spark.executorEnv.TF_NUM_INTEROP_THREADS", "1")
-             .config("spark.executorEnv.OMP_NUM_THREADS", "1")
-             .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_session("spark-keras-bench-stream-rebuild", driver_memory="4g", **{
+        "spark.python.worker.reuse": str(reuse).lower(),
+        "spark.python.daemon.module": "spark_keras.spark.daemon",
+        "spark.executorEnv.SPARK_KERAS_BUILD_LOG": build_log})
 
 
 def build_records(build_log: str, key: str) -> dict[int, list[dict]]:

@@ -13,19 +13,24 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from bench.coldstart_bench import assert_identical
 from bench.memory_bench import pss_kb
-from bench.report import memory_targets
+from bench.report import TITLES, coldstart_goal, memory_targets, write_docs
 from bench.scoring_bench import Expected, PredictionMismatch, check_predictions
 
 from .conftest import REPO_ROOT
 
 
-def test_bench_quick_runs_and_prints_tables():
+def _quick_bench(*sections: str, timeout: int) -> str:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", ",".join(sections)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_bench_quick_runs_and_prints_tables():
+    out = _quick_bench("payload", "scoring", "memory", "dask", timeout=900)
     assert "loads speed-up" in out and "MLP 90MB" in out
     for method in ("predict_batch_udf", "closure pandas_udf", "BroadcastModel.predict_udf",
                    "BroadcastModel.transform", "hand-written mapInArrow (best case)",
@@ -46,6 +51,60 @@ def test_bench_quick_runs_and_prints_tables():
         assert row["sum PSS growth MB"] and row["x weights"] and row["build s mean"], row
         # the shared mode really built on the mapped file, the other on private copies
         assert row["weights mapped %"] == ("100.00" if row["mode"] == "shared file" else "0.00"), row
+
+
+def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
+    # two fresh workers per model and daemon, a 2-partition transform job: under ~90 s
+    out = _quick_bench("coldstart", timeout=400)
+    rows = {r["measure"]: r for r in _printed_table(out, "daemon / stock")}
+    stock, daemon = "pyspark.daemon (stock)", "spark_keras.spark.daemon"
+    for model in ("MLP", "CNN"):
+        first = rows[f"{model}: task start to first prediction, median of 2 fresh workers, s"]
+        assert float(first[stock]) > 0 and float(first[daemon]) > 0, first
+        imports = rows[f"{model}: of which import tensorflow, keras, median s"]
+        assert float(imports[daemon]) < float(imports[stock]), imports  # preloaded: (almost) free
+        assert rows[f"{model}: of which model build (bm.value), median s"][daemon]
+        goal = rows[f"{model}: cold start less the model build, median s"]["goal"]
+        assert goal.startswith(("met", "NOT met")), goal
+    pss = rows["worker PSS, tensorflow and keras imported, no model, median MB"]
+    assert float(pss[stock]) > 0 and pss["goal"].startswith(("met", "NOT met")), pss
+    assert rows["transform job wall (MLP, 2 partitions x 100 rows, collected) s"][daemon]
+    assert rows["daemon start to its first fork (once per executor and worker pool), median s"][stock]
+    assert "preloading daemon: " in out  # the targets
+
+
+def test_a_partial_write_keeps_the_other_sections(tmp_path):
+    # a file from before sections recorded their runs: the header names the run
+    (tmp_path / "benchmarks.md").write_text(
+        "# Benchmarks\n\n- command: `python -m bench --write`\n- machine: M0\n- date: 2026-11-30\n"
+        "- wall time: 345 s\n\n## Memory: N Python workers holding one model\n\nold memory\n\n"
+        "## Dask: sending a model to a task\n\nold dask\n")
+    base = {"date": "2026-12-01", "machine": "M", "seconds": 9.0, "flavour": "keras3"}
+    write_docs({**base, "command": "python -m bench --only dask --write", "section_seconds": {"dask": 5.0},
+                "dask": [{"model": "tower", "keras s": 1.0}]}, str(tmp_path))
+    write_docs({**base, "command": "python -m bench --only coldstart --write", "section_seconds": {},
+                "coldstart": [{"measure": "PSS", "goal": coldstart_goal("pss", 150.0, 400.0)}]},
+               str(tmp_path))
+    text = (tmp_path / "benchmarks.md").read_text()
+    memory, dask, cold = (text.index(TITLES[s]) for s in ("memory", "dask", "coldstart"))
+    assert memory < dask < cold  # the docs' order, whatever ran last
+    assert text[memory:dask].count("_Measured by `python -m bench --write` on 2026-11-30 "
+                                   "(345 s for the whole run); machine: M0._") == 1
+    assert "old memory" in text[memory:dask] and "old dask" not in text
+    assert "| tower |   1.000 |" in text[dask:cold]
+    assert text[dask:cold].count("`python -m bench --only dask --write` on 2026-12-01 (5 s for this section)") == 1
+    assert "`python -m bench --only coldstart --write` on 2026-12-01 (9 s for the whole run)" in text[cold:]
+    assert "- [met] PSS, preloading daemon: 62% lower >= 40%" in text[cold:]
+
+
+def test_coldstart_fails_when_the_daemons_predict_different_bits():
+    same = np.array([[0.25], [0.5]], "float32")
+    assert_identical("MLP", [("stock", same), ("daemon", same.copy()), ("stock", same.copy())],
+                     {"stock", "daemon"})
+    with pytest.raises(AssertionError, match="MLP: the predictions with daemon differ"):
+        assert_identical("MLP", [("stock", same), ("daemon", np.nextafter(same, 1))], {"stock", "daemon"})
+    with pytest.raises(AssertionError, match=r"no predictions from \['daemon'\]"):
+        assert_identical("MLP", [("stock", same)], {"stock", "daemon"})
 
 
 def _printed_table(out: str, column: str) -> list[dict[str, str]]:

@@ -50,6 +50,7 @@ def test_workers_fork_from_a_daemon_that_preloaded_safely(spark, build_log):
         assert report["preloaded"] == ["tests.preload.layers"]
         assert report["threads"] == ["python"] and report["python_threads"] == ["MainThread"], report
         assert report["tensorflow_runtime_started"] is False
+        assert report["gc_frozen_objects"] > 100_000  # Keras and TensorFlow, out of the GC's way
 
 
 def test_every_scoring_path_matches_the_model_bit_for_bit(spark, build_log):

@@ -21,6 +21,10 @@ pyarrow loads (Keras imports pandas, pandas imports pyarrow); it is turned off w
 daemon preloads (``JE_ARROW_MALLOC_CONF=background_thread:false``, unless you set it), as
 it would be in any forked worker.
 
+Before forking, the daemon freezes its objects out of the garbage collector's reach
+(``gc.freeze()``): a worker's collections then do not write to, and so copy, the pages it
+shares with the daemon.
+
 ``SPARK_KERAS_DAEMON_REPORT=<folder>`` (executor environment) makes each daemon write
 ``daemon-<pid>.json``: what it preloaded, in how long, and what the fork checks found.
 """
@@ -28,6 +32,7 @@ it would be in any forked worker.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -146,6 +151,12 @@ def main() -> None:
         _stock_daemon(f"this PySpark has no pyspark.daemon.manager ({exc})")
         return
     report = preload_for_fork()
+    if not report["refused"]:
+        # the preloaded objects move to a generation the collector never visits, so a
+        # worker's collections do not touch (and copy) the pages it shares with the daemon
+        gc.collect()
+        gc.freeze()
+        report["gc_frozen_objects"] = gc.get_freeze_count()
     _write_report(report)
     if report["refused"]:
         _stock_daemon(report["refused"])

@@ -1,0 +1,43 @@
+"""What the cold-start and stream-rebuild benchmarks share: a local session with the
+settings of conf/spark-defaults.conf, and when a worker process was forked."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def local_session(app: str, *, driver_memory: str = "6g", **conf: str) -> Any:
+    """A ``local[2]`` session whose workers run this venv's Python with one TensorFlow and
+    OpenMP thread each (as conf/spark-defaults.conf sets them), plus ``conf``."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master("local[2]").appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", driver_memory)
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.executorEnv.PYTHONPATH", ROOT)
+               .config("spark.executorEnv.KERAS_BACKEND", "tensorflow")
+               .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+               .config("spark.executorEnv.TF_NUM_INTRAOP_THREADS", "1")
+               .config("spark.executorEnv.TF_NUM_INTEROP_THREADS", "1")
+               .config("spark.executorEnv.OMP_NUM_THREADS", "1"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def start_seconds(pid: int | str = "self") -> float:
+    """When process ``pid`` started (forked), in seconds since boot, as
+    ``time.clock_gettime(CLOCK_BOOTTIME)`` counts (1/CLK_TCK resolution)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 2:].split()[19]) / CLK_TCK  # field 22, starttime
