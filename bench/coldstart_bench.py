@@ -29,7 +29,6 @@ fails otherwise.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import statistics

@@ -61,7 +61,6 @@ def train(frame):
     """A small Keras classifier, trained on the features standardized as Spark's
     StandardScaler(withMean=True) does (sample standard deviation)."""
     import keras
-    import numpy as np
 
     x = frame[FEATURES].to_numpy()
     x = ((x - x.mean(axis=0)) / x.std(axis=0, ddof=1)).astype("float32")

@@ -59,6 +59,7 @@ from pyspark.ml.util import (
 from . import __version__, storage
 from .errors import PayloadError, SparkKerasError, StorageError
 from .inference.predictor import DEFAULT_BATCH_SIZE
+from .spark.transport import is_connect
 
 if TYPE_CHECKING:
     from .spark.broadcast import BroadcastModel
@@ -379,22 +380,16 @@ class _ModelSource:
         return codec.dumps(self._given.value, custom_objects=objects)
 
 
-def _is_connect(spark: Any) -> bool:
-    from .spark.transport import is_connect
-
-    return is_connect(spark)
-
-
 def _metadata_context(spark: Any) -> Any:
     """What Spark's metadata writer and reader take: the SparkContext on classic Spark
     (PySpark 3.5 takes nothing else), the session on Connect."""
-    return spark if _is_connect(spark) else spark.sparkContext
+    return spark if is_connect(spark) else spark.sparkContext
 
 
 def _owner(spark: Any) -> tuple:
     """What a BroadcastModel belongs to: a Connect session, or a SparkContext (which
     every classic session of the application shares)."""
-    if _is_connect(spark):
+    if is_connect(spark):
         return ("connect", spark.session_id)
     return ("classic", getattr(spark, "sparkContext", spark))
 
@@ -409,7 +404,7 @@ def _payload_location(spark: Any, path: str, name: str) -> str:
     metadata (on a cluster whose default filesystem is HDFS, ``/models/m`` is
     ``hdfs://.../models/m``). On Spark Connect a plain path is local to this client."""
     location = path
-    if "://" not in path and not _is_connect(spark):  # a plain path, or file:/x, hdfs:/x
+    if "://" not in path and not is_connect(spark):  # a plain path, or file:/x, hdfs:/x
         location = _hadoop_qualified(spark, path) or path
     scheme = _scheme(location)
     if scheme is None:
@@ -447,42 +442,6 @@ def _hadoop_qualified(spark: Any, path: str) -> str | None:
     return uri.toString()
 
 
-def _write_payload(location: str, payload: bytes) -> None:
-    if storage.is_uri(location):
-        import pyarrow.fs
-
-        try:
-            fs, inner = pyarrow.fs.FileSystem.from_uri(location)
-            with fs.open_output_stream(inner) as out:
-                out.write(payload)
-        except Exception as exc:  # ArrowInvalid, OSError...
-            raise StorageError(f"cannot write the model payload to {location!r}: {exc}") from exc
-        return
-    folder = os.path.dirname(location)
-    tmp = f"{location}.tmp-{os.getpid()}"
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, location)
-    except OSError as exc:
-        raise StorageError(f"cannot write the model payload to {location!r}: {exc}") from exc
-
-
-def _stored_size(location: str) -> int | None:
-    """The size of the file at ``location``; None if there is none."""
-    if not storage.is_uri(location):
-        return os.path.getsize(location) if os.path.isfile(location) else None
-    import pyarrow.fs
-
-    try:
-        fs, inner = pyarrow.fs.FileSystem.from_uri(location)
-        info = fs.get_file_info(inner)
-    except Exception as exc:
-        raise StorageError(f"cannot open {location!r}: {exc}") from exc
-    return None if info.type == pyarrow.fs.FileType.NotFound else info.size
-
-
 # --- writer and reader ------------------------------------------------------------------------
 
 class _KerasTransformerWriter(MLWriter):
@@ -493,7 +452,7 @@ class _KerasTransformerWriter(MLWriter):
         self.instance = instance
 
     def _handleOverwrite(self, path: str) -> None:
-        if _is_connect(self.sparkSession):  # no JVM here: the Connect ML helper does it
+        if is_connect(self.sparkSession):  # no JVM here: the Connect ML helper does it
             try:
                 from pyspark.ml.connect.readwrite import RemoteMLWriter
             except ImportError as exc:  # PySpark < 4.0
@@ -519,13 +478,13 @@ class _KerasTransformerWriter(MLWriter):
         DefaultParamsWriter.saveMetadata(stage, path, _metadata_context(self.sparkSession),
                                          extraMetadata=extra, paramMap=params)
         location = _payload_location(self.sparkSession, path, PAYLOAD_FILE)
-        if not storage.is_uri(location) and _is_connect(self.sparkSession) \
+        if not storage.is_uri(location) and is_connect(self.sparkSession) \
                 and not os.path.isdir(os.path.join(os.path.dirname(location), "metadata")):
             raise StorageError(
                 f"the Spark Connect server wrote the stage's metadata at {path!r} on a "
                 f"filesystem this client does not see, and the client writes the model's "
                 f"payload: save to a URI both reach (s3://..., hdfs://...) or a shared mount")
-        _write_payload(location, payload)
+        storage.write(location, payload)
         logger.info("saved %s: %.1f MB payload at %s", stage.uid, len(payload) / 2**20, location)
 
 
@@ -550,10 +509,10 @@ class _KerasTransformerReader(MLReader[KerasTransformer]):
         stage._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(stage, metadata)
         location = _payload_location(spark, path, os.path.basename(record["file"]))
-        size = _stored_size(location)
+        size = storage.size(location)
         if size is None:
             hint = ""
-            if _is_connect(spark) and not storage.is_uri(location):
+            if is_connect(spark) and not storage.is_uri(location):
                 hint = (" (on Spark Connect this client reads the payload: a plain path must be "
                         "on a filesystem the client and the server share, or use a URI)")
             raise StorageError(f"the model payload of the KerasTransformer saved at {path!r} is "

@@ -78,6 +78,40 @@ def read(path_or_uri: str) -> bytes:
         raise StorageError(f"cannot read model file {path_or_uri!r}: {exc}") from exc
 
 
+def write(location: str, data: bytes) -> None:
+    """Write ``data`` to a URI, or to a local path atomically (a temporary name, then a
+    rename)."""
+    try:
+        if is_uri(location):
+            fs, path = _resolve(location)
+            with fs.open_output_stream(path) as out:
+                out.write(data)
+            return
+        tmp = f"{location}.tmp-{os.getpid()}"
+        os.makedirs(os.path.dirname(location) or ".", exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, location)
+    except StorageError:
+        raise
+    except Exception as exc:  # OSError, ArrowInvalid...
+        raise StorageError(f"cannot write {location!r}: {exc}") from exc
+
+
+def size(location: str) -> int | None:
+    """The size of the file at a local path or a URI; None if there is none."""
+    if not is_uri(location):
+        return os.path.getsize(location) if os.path.isfile(location) else None
+    import pyarrow.fs
+
+    fs, path = _resolve(location)
+    try:
+        info = fs.get_file_info(path)
+    except Exception as exc:
+        raise StorageError(f"cannot open {location!r}: {exc}") from exc
+    return None if info.type == pyarrow.fs.FileType.NotFound else info.size
+
+
 def body_digest(payload: Any) -> str:
     """The SHA-256 of a payload's body, from its (checked) header."""
     from .payload import format as fmt
@@ -106,7 +140,7 @@ class StoredModel:
                 local = os.path.join(tmp, "model.keras")
                 with open(local, "wb") as f:
                     copy(self.uri, f)
-                out.write(_load(local, _read_local(local), custom_objects, safe_mode)[1])
+                out.write(_load_keras(local, custom_objects, safe_mode)[1])
         out.flush()
         self.check(out.name)
 
@@ -151,11 +185,6 @@ def open_model(path_or_uri: Any, *, custom_objects: Mapping[str, Any] | None = N
     return model, payload, StoredModel(location, kind, len(payload), body_digest(payload))
 
 
-def _read_local(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def _load(path: str, data: bytes, custom_objects: Mapping[str, Any] | None,
           safe_mode: bool) -> tuple[Any, bytes]:
     """``(model, payload)`` from a file's bytes: a payload as is, a ``.keras`` archive
@@ -166,7 +195,14 @@ def _load(path: str, data: bytes, custom_objects: Mapping[str, Any] | None,
         return codec.loads(data, custom_objects=custom_objects, safe_mode=safe_mode), data
     if data[:len(_ZIP_MAGIC)] != _ZIP_MAGIC:
         raise PayloadError(f"{path!r} is neither a spark_keras payload nor a .keras file")
+    return _load_keras(path, custom_objects, safe_mode)
+
+
+def _load_keras(path: str, custom_objects: Mapping[str, Any] | None,
+                safe_mode: bool) -> tuple[Any, bytes]:
+    """``(model, payload)`` of the ``.keras`` archive at the local ``path``."""
     from . import flavour
+    from .payload import codec
 
     model = flavour.current().module.saving.load_model(
         path, custom_objects=custom_objects, safe_mode=safe_mode)

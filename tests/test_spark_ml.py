@@ -403,16 +403,17 @@ def test_custom_layers_must_be_registered_where_a_stage_is_loaded(spark, tmp_pat
 
 
 def test_payloads_at_uris(spark, s3, mlp, tmp_path):
-    """A payload written to and read from S3 (the stage's own file I/O for URIs), and a
+    """A payload written to and read from S3 (the storage I/O a stage saves with), and a
     stage whose model is an S3 URI: executors read it themselves; saving copies it."""
-    from spark_keras.ml import _payload_location, _stored_size, _write_payload
+    from spark_keras import storage
+    from spark_keras.ml import _payload_location
 
     hadoop_style = s3.uri("pm/stages/2_KerasTransformer_x").replace("s3://", "s3a://")
     location = _payload_location(spark, hadoop_style, "payload.skp")
     assert location == s3.uri("pm/stages/2_KerasTransformer_x/payload.skp")
     payload = sk.dumps(mlp)
-    _write_payload(location, payload)
-    assert _stored_size(location) == len(payload) and _stored_size(s3.uri("nothing")) is None
+    storage.write(location, payload)
+    assert storage.size(location) == len(payload) and storage.size(s3.uri("nothing")) is None
     assert sk.storage.read(location) == payload
 
     x = np.random.default_rng(8).standard_normal((16, 4)).astype("float32")
