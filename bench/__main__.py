@@ -30,7 +30,7 @@ def machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
             f"Python {platform.python_version()}, PySpark {pyspark.__version__}, "
-            f"{'tf-keras' if keras.name == flavour.TF_KERAS else 'Keras'} {keras.version}")
+            f"{keras.display_name} {keras.version}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     from spark_keras import flavour
 
-    legacy = flavour.current().name == flavour.TF_KERAS
+    legacy = flavour.current().legacy
     if legacy and sections != ["payload"]:
         parser.error("under tf-keras (TF_USE_LEGACY_KERAS=1) only --only payload is available")
     started = time.perf_counter()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["SparkKerasError", "PayloadError", "StorageError", "ModelInputError"]
+__all__ = ["SparkKerasError", "PayloadError", "StorageError", "ModelInputError", "ModelError",
+           "ArgumentError", "ArgumentTypeError"]
 
 
 class SparkKerasError(Exception):
@@ -19,3 +20,15 @@ class StorageError(SparkKerasError, OSError):
 
 class ModelInputError(SparkKerasError, ValueError):
     """Data handed to a model does not match its inputs (column, shape, dtype, nulls)."""
+
+
+class ModelError(SparkKerasError, ValueError):
+    """A model spark_keras cannot work with as it is (not built, unknown input shape)."""
+
+
+class ArgumentError(SparkKerasError, ValueError):
+    """An argument has a value spark_keras does not accept."""
+
+
+class ArgumentTypeError(SparkKerasError, TypeError):
+    """An argument is of a type spark_keras does not accept."""

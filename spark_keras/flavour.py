@@ -1,7 +1,18 @@
-"""Which Keras this process runs: Keras 3 or legacy tf-keras 2.x.
+"""Which Keras this process runs, and everything that differs between them.
 
 The flavour is fixed when Keras is first imported (``TF_USE_LEGACY_KERAS=1`` selects
-tf-keras), so it is read once and recorded in every payload header.
+tf-keras), so it is read once, by :func:`current`, and recorded in every payload
+header. :func:`current` returns one runtime object, whose class owns all that differs;
+no other module branches on the flavour:
+
+* :class:`Keras3Runtime`: Keras 3 on any backend (JAX, PyTorch, ...); models are
+  called eagerly.
+* :class:`Keras3TensorFlowRuntime`: Keras 3 on TensorFlow; the predict function is a
+  ``tf.function`` traced once, and variables can share a mapped payload's memory.
+* :class:`TfKerasRuntime`: legacy tf-keras 2.x (always on TensorFlow).
+
+Every runtime has ``name`` (``"keras3"`` or ``"tf_keras"``, as in payload headers),
+``version``, ``backend`` and ``module`` (the imported ``keras`` or ``tf_keras``).
 """
 
 from __future__ import annotations
@@ -10,69 +21,172 @@ import functools
 import os
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
 KERAS3 = "keras3"
 TF_KERAS = "tf_keras"
 
+CompiledCall = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
+
 
 @dataclass(frozen=True)
-class Flavour:
-    name: str  # KERAS3 or TF_KERAS
+class Runtime:
+    """The Keras of this process; subclasses own what differs between flavours."""
+
     version: str
     backend: str
     module: ModuleType
 
+    name: ClassVar[str]  # KERAS3 or TF_KERAS: what payload headers record
+    display_name: ClassVar[str]  # for people: "Keras" or "tf-keras"
+    legacy: ClassVar[bool] = False  # tf-keras 2.x
+    shares_weights: ClassVar[bool] = False  # variables can adopt a mapped payload's memory
+    how_to_use: ClassVar[str]  # a hint telling how to make a process use this flavour
+
+    @property
+    def state(self) -> ModuleType:
+        """The module capturing and rebuilding a model's state (``payload.*_state``)."""
+        raise NotImplementedError
+
+    def flatten(self, structure: Any) -> list[Any]:
+        """The leaves of a nested structure of tensors (dicts in sorted-key order)."""
+        raise NotImplementedError
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A backend tensor (or array) as a numpy array."""
+        raise NotImplementedError
+
+    def output_spec(self, model: Any, shape: tuple, dtype: str) -> Any:
+        """Symbolic outputs of a subclassed model called on a batch of ``shape``."""
+        raise NotImplementedError
+
+    def compile_call(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]
+                     ) -> CompiledCall:
+        """``fn(*inputs) -> output tensors`` as a function of numpy arrays returning
+        numpy arrays; ``input_specs`` (``shape`` per row, ``dtype``) describe the inputs."""
+        def eager(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+            return [self.to_numpy(t) for t in fn(*arrays)]
+        return eager
+
+    @staticmethod
+    def dtype_name(dtype: Any) -> str:
+        """``"float32"`` for a Keras 3 dtype string or a ``tf.DType`` alike."""
+        return dtype if isinstance(dtype, str) else str(getattr(dtype, "name", dtype))
+
+    def floatx(self) -> str:
+        """The default float dtype (``"float32"`` unless configured)."""
+        return self.module.backend.floatx()
+
+    def load_model(self, path: str, *, custom_objects: Mapping[str, Any] | None,
+                   safe_mode: bool) -> Any:
+        """A ``.keras`` archive loaded by this Keras."""
+        return self.module.saving.load_model(path, custom_objects=custom_objects,
+                                             safe_mode=safe_mode)
+
+
+def _traced_call(fn: Callable[..., list[Any]], input_specs: Sequence[Any]) -> CompiledCall:
+    """``fn`` as a ``tf.function`` traced once, for any batch size (batch dimension None)."""
+    import tensorflow as tf
+
+    signature = [tf.TensorSpec((None, *s.shape), s.dtype) for s in input_specs]
+    traced = tf.function(fn, input_signature=signature, autograph=False)
+    return lambda arrays: [t.numpy() for t in traced(*arrays)]
+
+
+class Keras3Runtime(Runtime):
+    """Keras 3 on any backend: models called eagerly."""
+
+    name = KERAS3
+    display_name = "Keras"
+    how_to_use = ("unset TF_USE_LEGACY_KERAS (or set it to 0) so Keras 3 is used (on Spark: "
+                  "spark.executorEnv.TF_USE_LEGACY_KERAS=0)")
+
+    @property
+    def state(self) -> ModuleType:
+        from .payload import keras3_state
+
+        return keras3_state
+
+    def flatten(self, structure: Any) -> list[Any]:
+        return self.module.tree.flatten(structure)
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        return np.asarray(self.module.ops.convert_to_numpy(tensor))
+
+    def output_spec(self, model: Any, shape: tuple, dtype: str) -> Any:
+        return model.compute_output_spec(self.module.KerasTensor(shape, dtype=dtype))
+
+
+class Keras3TensorFlowRuntime(Keras3Runtime):
+    """Keras 3 on TensorFlow: a traced predict function, and shared weights."""
+
+    shares_weights = True
+
+    def compile_call(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]
+                     ) -> CompiledCall:
+        return _traced_call(fn, input_specs)
+
+
+class TfKerasRuntime(Runtime):
+    """Legacy tf-keras 2.x, on TensorFlow."""
+
+    name = TF_KERAS
+    display_name = "tf-keras"
+    legacy = True
+    how_to_use = ("set TF_USE_LEGACY_KERAS=1 and install tf-keras in this process (on Spark: "
+                  "spark.executorEnv.TF_USE_LEGACY_KERAS=1 and spark.yarn.appMasterEnv / "
+                  "driver env)")
+
+    @property
+    def state(self) -> ModuleType:
+        from .payload import tf_keras_state
+
+        return tf_keras_state
+
+    def flatten(self, structure: Any) -> list[Any]:
+        import tensorflow as tf
+
+        return tf.nest.flatten(structure)
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        return np.asarray(tensor)
+
+    def output_spec(self, model: Any, shape: tuple, dtype: str) -> Any:
+        import tensorflow as tf
+
+        return model.compute_output_signature(tf.TensorSpec(shape, dtype))
+
+    def compile_call(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]
+                     ) -> CompiledCall:
+        return _traced_call(fn, input_specs)
+
+
+_KERAS3_BY_BACKEND: dict[str, type[Keras3Runtime]] = {"tensorflow": Keras3TensorFlowRuntime}
+_FLAVOURS: dict[str, type[Runtime]] = {KERAS3: Keras3Runtime, TF_KERAS: TfKerasRuntime}
+
 
 def legacy_requested() -> bool:
+    """True if ``TF_USE_LEGACY_KERAS`` asks for tf-keras."""
     return os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
 
 
 @functools.lru_cache(maxsize=None)
-def current() -> Flavour:
-    """The Keras flavour of this process (imports Keras on first call)."""
+def current() -> Runtime:
+    """The Keras runtime of this process (imports Keras on first call)."""
     if legacy_requested():
         import tf_keras
 
-        return Flavour(TF_KERAS, tf_keras.__version__, "tensorflow", tf_keras)
+        return TfKerasRuntime(tf_keras.__version__, "tensorflow", tf_keras)
     import keras
 
-    return Flavour(KERAS3, keras.__version__, keras.backend.backend(), keras)
+    backend = keras.backend.backend()
+    return _KERAS3_BY_BACKEND.get(backend, Keras3Runtime)(keras.__version__, backend, keras)
 
 
 def how_to_match(flavour_name: str) -> str:
-    """A one-line hint telling how to make this process use ``flavour_name``."""
-    if flavour_name == TF_KERAS:
-        return (
-            "set TF_USE_LEGACY_KERAS=1 and install tf-keras in this process (on Spark: "
-            "spark.executorEnv.TF_USE_LEGACY_KERAS=1 and spark.yarn.appMasterEnv / driver env)"
-        )
-    return (
-        "unset TF_USE_LEGACY_KERAS (or set it to 0) so Keras 3 is used (on Spark: "
-        "spark.executorEnv.TF_USE_LEGACY_KERAS=0)"
-    )
+    """A one-line hint telling how to make this process use ``flavour_name`` (a
+    payload's flavour, not necessarily this process's)."""
+    return _FLAVOURS.get(flavour_name, Keras3Runtime).how_to_use
 
-
-def flatten(structure: Any) -> list[Any]:
-    """The leaves of a nested structure of tensors (dicts in sorted-key order)."""
-    fl = current()
-    if fl.name == TF_KERAS:
-        import tensorflow as tf
-
-        return tf.nest.flatten(structure)
-    return fl.module.tree.flatten(structure)
-
-
-def to_numpy(tensor: Any) -> np.ndarray:
-    """A backend tensor (or array) as a numpy array."""
-    fl = current()
-    if fl.name == TF_KERAS:
-        return np.asarray(tensor)
-    return np.asarray(fl.module.ops.convert_to_numpy(tensor))
-
-
-def dtype_name(dtype: Any) -> str:
-    """``"float32"`` for a Keras 3 dtype string or a ``tf.DType`` alike."""
-    return dtype if isinstance(dtype, str) else str(getattr(dtype, "name", dtype))

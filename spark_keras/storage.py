@@ -204,7 +204,7 @@ def _load_keras(path: str, custom_objects: Mapping[str, Any] | None,
     from . import flavour
     from .payload import codec
 
-    model = flavour.current().module.saving.load_model(
-        path, custom_objects=custom_objects, safe_mode=safe_mode)
+    model = flavour.current().load_model(path, custom_objects=custom_objects,
+                                         safe_mode=safe_mode)
     return model, codec.dumps(model, custom_objects=custom_objects)
 

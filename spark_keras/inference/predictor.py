@@ -32,25 +32,15 @@ class Predictor:
         names = self.signature.output_names
         if isinstance(outputs, dict) and names is not None:
             return [outputs[k] for k in names]
-        return flavour.flatten(outputs)
+        return flavour.current().flatten(outputs)
 
     def _compile(self) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
         model, sig = self.model, self.signature
-        if flavour.current().backend != "tensorflow":
-            def eager(arrays):
-                out = model(sig.pack_inputs(list(arrays)), training=False)
-                return [flavour.to_numpy(t) for t in self._flat_outputs(out)]
-            return eager
 
-        import tensorflow as tf
-
-        specs = [tf.TensorSpec((None, *s.shape), s.dtype) for s in sig.inputs]
-
-        @tf.function(input_signature=specs, autograph=False)
-        def traced(*xs):
+        def call(*xs: Any) -> list[Any]:
             return self._flat_outputs(model(sig.pack_inputs(list(xs)), training=False))
 
-        return lambda arrays: [t.numpy() for t in traced(*arrays)]
+        return flavour.current().compile_call(call, sig.inputs)
 
     def __call__(self, arrays: Sequence[np.ndarray],
                  batch_size: int = DEFAULT_BATCH_SIZE) -> list[np.ndarray]:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import flavour
+from ..errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,14 @@ class Signature:
 def _known(shape: Any, what: str) -> tuple[int, ...]:
     dims = tuple(shape)[1:]
     if any(d is None for d in dims):
-        raise ValueError(f"{what} has an unknown dimension {tuple(shape)}; only the batch "
+        raise ModelError(f"{what} has an unknown dimension {tuple(shape)}; only the batch "
                          f"dimension may be unknown")
     return tuple(int(d) for d in dims)
 
 
 def signature_of(model: Any) -> Signature:
     """Input and output specs of a built Keras 3 or tf-keras model."""
+    rt = flavour.current()
     graph = getattr(model, "_functional", None) or model  # a Keras 3 Sequential wraps one
     # the model's own nesting of its symbolic inputs/outputs (Keras 3, then tf-keras names)
     inputs_struct = _first_attr(graph, "_inputs_struct", "_nested_inputs")
@@ -58,28 +60,28 @@ def signature_of(model: Any) -> Signature:
             tensors = [inputs_struct[k] for k in names]
             input_structure: Any = tuple(names)
         else:
-            tensors = flavour.flatten(inputs_struct)
+            tensors = rt.flatten(inputs_struct)
             names = [t.name for t in tensors]
             single = len(tensors) == 1 and not isinstance(inputs_struct, (list, tuple))
             input_structure = None if single else "list"
-        inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), flavour.dtype_name(t.dtype))
+        inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), rt.dtype_name(t.dtype))
                        for n, t in zip(names, tensors))
         outputs_struct = _first_attr(graph, "_outputs_struct", "_nested_outputs")
     else:
         shape = (model.get_build_config() or {}).get("input_shape")
         if shape is None or not all(d is None or isinstance(d, int) for d in shape):
-            raise ValueError(f"cannot tell the input shape of {type(model).__name__}: build it "
+            raise ModelError(f"cannot tell the input shape of {type(model).__name__}: build it "
                              f"with a single input shape (model.build(shape)) or use keras.Input")
-        floatx = flavour.current().module.backend.floatx()
+        floatx = rt.floatx()
         inputs = (TensorSpec("input", _known(shape, "input"), floatx),)
         input_structure = None
-        outputs_struct = _output_spec(model, (None, *inputs[0].shape), floatx)
+        outputs_struct = rt.output_spec(model, (None, *inputs[0].shape), floatx)
 
     if isinstance(outputs_struct, dict):
         out_names: tuple[str, ...] | None = tuple(outputs_struct)
         out_tensors = [outputs_struct[k] for k in out_names]
     else:
-        out_tensors = flavour.flatten(outputs_struct)
+        out_tensors = rt.flatten(outputs_struct)
         out_names = None
         if len(out_tensors) > 1:
             names = getattr(model, "output_names", None) or []
@@ -87,7 +89,7 @@ def signature_of(model: Any) -> Signature:
                 else tuple(f"output_{i}" for i in range(len(out_tensors)))
     outputs = tuple(
         TensorSpec(out_names[i] if out_names else "prediction",
-                   _known(t.shape, "output"), flavour.dtype_name(t.dtype))
+                   _known(t.shape, "output"), rt.dtype_name(t.dtype))
         for i, t in enumerate(out_tensors))
     return Signature(inputs, outputs, input_structure, out_names)
 
@@ -98,16 +100,6 @@ def _first_attr(obj: Any, *names: str) -> Any:
         if value is not None:
             return value
     return None
-
-
-def _output_spec(model: Any, shape: tuple, dtype: str) -> Any:
-    """Symbolic outputs of a subclassed model called on a batch of ``shape``."""
-    fl = flavour.current()
-    if fl.name == flavour.TF_KERAS:
-        import tensorflow as tf
-
-        return model.compute_output_signature(tf.TensorSpec(shape, dtype))
-    return model.compute_output_spec(fl.module.KerasTensor(shape, dtype=dtype))
 
 
 def model_outputs(outputs: list[Any], signature: Signature) -> Any:

@@ -25,14 +25,6 @@ logger = logging.getLogger("spark_keras")
 PathLike = str | os.PathLike
 
 
-def _state_module():
-    if flavour.current().name == flavour.TF_KERAS:
-        from . import tf_keras_state as state
-    else:
-        from . import keras3_state as state
-    return state
-
-
 def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
           include_optimizer: bool = False) -> bytes:
     """Serialize ``model`` to payload bytes.
@@ -49,7 +41,7 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
             subclassed model without ``get_config`` whose auto-config loses arguments).
     """
     fl = flavour.current()
-    state = _state_module()
+    state = fl.state
     state.check_model_type(model)
     config = state.serialize_config(model)
     compile_config = config.pop("compile_config", None) if isinstance(config, dict) else None
@@ -110,10 +102,10 @@ def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
     try:
         config, entries, assets = _read_sections(unpacked)
         sharing = {"share_weights": True} if share_weights and mapped.supported() else {}
-        model = _state_module().rebuild(config, entries, assets,
-                                        custom_objects=dict(custom_objects or {}),
-                                        safe_mode=safe_mode, before_state=body_check.wait,
-                                        **sharing)
+        model = flavour.current().state.rebuild(config, entries, assets,
+                                                custom_objects=dict(custom_objects or {}),
+                                                safe_mode=safe_mode,
+                                                before_state=body_check.wait, **sharing)
     except Exception as exc:
         body_check.wait()  # a corrupted body explains any failure best
         if isinstance(exc, PayloadError):

@@ -28,7 +28,7 @@ import os
 import time
 from typing import Any, BinaryIO, Callable, Iterator
 
-from ..errors import PayloadError
+from ..errors import ArgumentTypeError, PayloadError
 
 logger = logging.getLogger("spark_keras")
 
@@ -56,7 +56,7 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
     (which streams it into an open file, whose ``name`` it may read back). Either way
     it must be ``nbytes`` long."""
     if (fetch is None) == (write is None):
-        raise TypeError("land() takes one of fetch and write")
+        raise ArgumentTypeError("land() takes one of fetch and write")
     if write is None:
         write = functools.partial(_write_fetched, fetch)
     path = path_for(folder, key)

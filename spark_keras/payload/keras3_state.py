@@ -151,7 +151,7 @@ def _install_initializer_patch() -> None:
                 if tensor is None:
                     tensor = self._convert_to_tensor(value, dtype=self._dtype)
                 if tuple(tensor.shape) != tuple(self._shape):
-                    raise ValueError(
+                    raise PayloadError(
                         f"payload value for {self.path} has shape {tuple(tensor.shape)}, "
                         f"the variable has shape {tuple(self._shape)}")
                 self._initialize(tensor)

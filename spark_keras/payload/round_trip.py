@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import flavour
-from ..errors import PayloadError
+from ..errors import ModelError, PayloadError
 
 
 def constructor_takes_arguments(cls: type) -> bool:
@@ -45,9 +45,9 @@ def sample_inputs(model: Any) -> Any:
     build_config = model.get_build_config() or {}
     shape = build_config.get("input_shape")
     if shape is None:
-        raise ValueError("the model records no input shape (was it built?)")
+        raise ModelError("the model records no input shape (was it built?)")
     rng = np.random.default_rng(0)
-    floatx = flavour.current().module.backend.floatx()
+    floatx = flavour.current().floatx()
 
     def make(s):
         dims = [2 if d is None else int(d) for d in s]
@@ -64,9 +64,10 @@ def sample_inputs(model: Any) -> Any:
 
 
 def same_outputs(a: Any, b: Any, x: Any) -> bool:
-    out_a = flavour.flatten(a(x, training=False))
-    out_b = flavour.flatten(b(x, training=False))
+    rt = flavour.current()
+    out_a = rt.flatten(a(x, training=False))
+    out_b = rt.flatten(b(x, training=False))
     return len(out_a) == len(out_b) and all(
         np.shape(u) == np.shape(v)
-        and np.allclose(flavour.to_numpy(u), flavour.to_numpy(v), atol=1e-6, equal_nan=True)
+        and np.allclose(rt.to_numpy(u), rt.to_numpy(v), atol=1e-6, equal_nan=True)
         for u, v in zip(out_a, out_b))
