@@ -113,15 +113,16 @@ def _score_and_measure(bm, batch_size: int) -> Callable:
         from pyspark import BarrierTaskContext
 
         import spark_keras as sk
-        from spark_keras.spark.scoring import predict_arrow
+        from spark_keras.inference import columns, engine, outputs
 
         context = BarrierTaskContext.get()
         touch_keras()
         context.barrier()  # every worker has TensorFlow mapped
         before = pss_kb()
-        predictor = bm.predictor  # builds the model
+        bm.predictor  # builds the model
         for batch in batches:
-            prediction = predict_arrow(predictor, ["features"], [batch.column("features")], batch_size)
+            features = columns.from_arrow(["features"], [batch.column("features")])
+            prediction = outputs.to_arrow(engine.score(bm, features, batch_size=batch_size))
             no_worker = pa.nulls(batch.num_rows, pa.string())
             yield pa.RecordBatch.from_arrays([batch.column("id"), prediction, no_worker], names=COLUMNS)
         context.barrier()  # every worker holds the model and has used it

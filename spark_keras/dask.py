@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -33,8 +32,11 @@ except ImportError as exc:  # pragma: no cover
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
+from .inference import columns as cols
+from .inference.engine import check_batch_size, check_on_invalid, score
+from .inference.outputs import flat_columns, flat_dtype, flat_outputs
 from .inference.predictor import DEFAULT_BATCH_SIZE
-from .inference.signature import Signature, TensorSpec, model_outputs
+from .inference.signature import Signature, model_outputs
 from .payload import host_file, mapped
 from .payload.shipment import Shipment
 from .preload import PRELOAD_ENV, preload
@@ -73,7 +75,7 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
             (for example an unknown class) are raised by the tasks using the handle.
     """
     shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode)
-    key = f"spark_keras-{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+    key = ModelHandle.new_key(model, "dask-")
     client.register_plugin(_ModelPlugin(key, shipment), name=key)
     logger.info("shipped %s to Dask workers: %.1f MB payload", key,
                 len(shipment.payload) / 2**20)
@@ -166,19 +168,24 @@ class _ModelPlugin(WorkerPlugin):
 
 def predict_dask(handle: DaskModel, collection: Any, *,
                  columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> Any:
+                 batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error") -> Any:
     """Score a ``dask.array.Array`` or ``dask.dataframe.DataFrame`` with a shipped model,
-    block by block / partition by partition, through each worker's cached model and
-    compiled predictor. Lazy: returns a dask collection.
+    block by block / partition by partition, through each worker's cached model and the
+    engine every front-end uses (the same input kinds, errors and ``on_invalid`` rule as
+    Spark and ``pool_predict``). Lazy: returns a dask collection.
 
     Args:
         handle: from :func:`ship`.
         collection: a dask array (rows along axis 0, the rest reshaped to the model's
-            single input; chunks along other axes are merged), or a dask DataFrame.
-        columns: DataFrame only. The feature columns of a single-input model, stacked
-            in order (default: every column); or, for several inputs, a dict mapping
-            each input name to its columns.
+            single input; chunks along other axes are merged), or a dask DataFrame
+            (scalar columns, or columns holding arrays).
+        columns: DataFrame only. The columns to use (default: every column): stacked as
+            the features of a single-input model, or one per input (in order, or named
+            as the inputs); or a dict mapping each input name to its columns.
         batch_size: rows per compiled model call.
+        on_invalid: ``"error"`` (default) fails the task on a null, NaN/inf or wrongly
+            shaped row, naming the column and row; ``"null"`` gives such rows NaN outputs
+            (the outputs are then floats).
 
     Returns:
         For an array: a dask array per output (rows, *output shape), one for a
@@ -189,18 +196,21 @@ def predict_dask(handle: DaskModel, collection: Any, *,
     Raises:
         ModelInputError: the collection or columns do not match the model's inputs.
     """
+    check_on_invalid(on_invalid)
+    options = {"handle": handle, "batch_size": check_batch_size(batch_size),
+               "on_invalid": on_invalid}
     signature = handle.signature
     if hasattr(collection, "map_blocks") and hasattr(collection, "chunks"):
         if columns is not None:
             raise ModelInputError("columns= applies to dask DataFrames, not arrays")
-        return _predict_array(handle, collection, signature, int(batch_size))
+        return _predict_array(collection, signature, options)
     if hasattr(collection, "map_partitions") and hasattr(collection, "columns"):
-        return _predict_frame(handle, collection, signature, columns, int(batch_size))
+        return _predict_frame(collection, signature, columns, options)
     raise ModelInputError(f"predict_dask scores a dask Array or DataFrame, not "
                           f"{type(collection).__name__} (use .to_frame() on a Series)")
 
 
-def _predict_array(handle: DaskModel, x: Any, signature: Signature, batch_size: int) -> Any:
+def _predict_array(x: Any, signature: Signature, options: dict) -> Any:
     if len(signature.inputs) != 1:
         raise ModelInputError(f"the model has inputs {[s.name for s in signature.inputs]}: "
                               f"score a dask DataFrame with columns={{input: [...]}}")
@@ -210,8 +220,9 @@ def _predict_array(handle: DaskModel, x: Any, signature: Signature, batch_size: 
         raise ModelInputError(f"rows of shape {tuple(x.shape[1:])} do not fit the model's "
                               f"input {spec.name!r}: {spec.describe()}")
     x = x.rechunk({axis: -1 for axis in range(1, x.ndim)})
-    width, dtype = _flat_width(signature), _flat_dtype(signature)
-    flat = x.map_blocks(_score_block, handle=handle, batch_size=batch_size, dtype=dtype,
+    width = sum(out.size for out in signature.outputs)
+    dtype = flat_dtype(signature, options["on_invalid"] == "null")
+    flat = x.map_blocks(_score_block, **options, dtype=dtype,
                         chunks=(x.chunks[0], (width,)), drop_axis=list(range(2, x.ndim)))
     outputs, start = [], 0
     for out in signature.outputs:
@@ -219,93 +230,44 @@ def _predict_array(handle: DaskModel, x: Any, signature: Signature, batch_size: 
         start += out.size
         if out.shape != (out.size,):
             part = part.reshape((part.shape[0], *out.shape))
-        outputs.append(part.astype(out.dtype) if np.dtype(out.dtype) != dtype else part)
+        out_dtype = np.dtype(out.dtype) if options["on_invalid"] == "error" else dtype
+        outputs.append(part.astype(out_dtype) if out_dtype != dtype else part)
     return model_outputs(outputs, signature)
 
 
-def _predict_frame(handle: DaskModel, frame: Any, signature: Signature,
+def _predict_frame(frame: Any, signature: Signature,
                    columns: Sequence[str] | Mapping[str, Sequence[str]] | None,
-                   batch_size: int) -> Any:
+                   options: dict) -> Any:
     import pandas as pd
 
-    groups = _column_groups(list(frame.columns), signature, columns)
-    names = [n for out in signature.outputs for n in _output_columns(out)]
-    meta = pd.DataFrame(np.zeros((0, len(names)), _flat_dtype(signature)), columns=names,
+    # the same column checks as in the tasks, on the (empty) meta frame: fail here, now
+    cols.assign(cols.from_frame(frame._meta, columns, signature), signature)
+    names = flat_columns(signature)
+    dtype = flat_dtype(signature, options["on_invalid"] == "null")
+    meta = pd.DataFrame(np.zeros((0, len(names)), dtype), columns=names,
                         index=pd.Index([], dtype=frame.index.dtype))
-    return frame.map_partitions(_score_partition, handle=handle, groups=groups,
-                                batch_size=batch_size, names=names, meta=meta)
-
-
-def _column_groups(available: list[str], signature: Signature,
-                   columns: Sequence[str] | Mapping[str, Sequence[str]] | None) -> list[list[str]]:
-    specs = signature.inputs
-    if isinstance(columns, Mapping):
-        unknown = set(columns) - {s.name for s in specs}
-        missing = [s.name for s in specs if s.name not in columns]
-        if unknown or missing:
-            raise ModelInputError(f"columns= must map each model input {[s.name for s in specs]}"
-                                  f" to its columns; got keys {list(columns)}")
-        groups = [[columns[s.name]] if isinstance(columns[s.name], str) else
-                  list(columns[s.name]) for s in specs]
-    elif len(specs) != 1:
-        raise ModelInputError(f"the model has inputs {[s.name for s in specs]}: pass "
-                              f"columns={{input_name: [column, ...]}}")
-    else:
-        groups = [available if columns is None else
-                  [columns] if isinstance(columns, str) else list(columns)]
-    for spec, group in zip(specs, groups):
-        absent = [c for c in group if c not in available]
-        if absent:
-            raise ModelInputError(f"column(s) {absent} not in the DataFrame; it has {available}")
-        if len(group) != spec.size:
-            raise ModelInputError(f"input {spec.name!r} takes {spec.size} values per row "
-                                  f"({spec.describe()}); got {len(group)} columns {group}")
-    return groups
-
-
-def _output_columns(out: TensorSpec) -> list[str]:
-    return [out.name] if out.size == 1 else [f"{out.name}_{i}" for i in range(out.size)]
-
-
-def _flat_width(signature: Signature) -> int:
-    return sum(out.size for out in signature.outputs)
-
-
-def _flat_dtype(signature: Signature) -> np.dtype:
-    return np.result_type(*[np.dtype(out.dtype) for out in signature.outputs])
+    return frame.map_partitions(_score_partition, columns=columns, names=names, **options,
+                                meta=meta)
 
 
 # --- in the workers ---------------------------------------------------------------------
 
-def _score_flat(handle: DaskModel, inputs: list[np.ndarray], batch_size: int) -> np.ndarray:
-    """One row per input row: every output flattened, side by side, in signature order."""
-    predictor = handle.predictor
-    sig = predictor.signature
-    n = len(inputs[0])
-    if n == 0:
-        return np.zeros((0, _flat_width(sig)), _flat_dtype(sig))
-    outputs = predictor(inputs, batch_size)
-    return np.concatenate([o.reshape(n, -1) for o in outputs], axis=1)
+def _score_block(block: np.ndarray, *, handle: DaskModel, batch_size: int,
+                 on_invalid: str) -> np.ndarray:
+    signature = handle.signature
+    scored = score(handle, cols.from_numpy(block, signature), batch_size=batch_size,
+                   on_invalid=on_invalid)
+    return flat_outputs(scored, on_invalid == "null")
 
 
-def _score_block(block: np.ndarray, *, handle: DaskModel, batch_size: int) -> np.ndarray:
-    spec = handle.signature.inputs[0]
-    x = np.asarray(block, dtype=spec.dtype).reshape((len(block), *spec.shape))
-    return _score_flat(handle, [x], batch_size)
-
-
-def _score_partition(frame: Any, *, handle: DaskModel, groups: list[list[str]],
-                     batch_size: int, names: list[str]) -> Any:
+def _score_partition(frame: Any, *, handle: DaskModel, columns: Any, batch_size: int,
+                     on_invalid: str, names: list[str]) -> Any:
     import pandas as pd
 
-    inputs = []
-    for spec, group in zip(handle.signature.inputs, groups):
-        try:
-            values = frame[group].to_numpy(dtype=spec.dtype)
-        except (TypeError, ValueError) as exc:
-            raise ModelInputError(f"columns {group} cannot be read as {spec.dtype}: {exc}") from exc
-        inputs.append(values.reshape((len(frame), *spec.shape)))
-    return pd.DataFrame(_score_flat(handle, inputs, batch_size), index=frame.index,
+    signature = handle.signature
+    scored = score(handle, cols.from_frame(frame, columns, signature), batch_size=batch_size,
+                   on_invalid=on_invalid, where="partition")
+    return pd.DataFrame(flat_outputs(scored, on_invalid == "null"), index=frame.index,
                         columns=names)
 
 

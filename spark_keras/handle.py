@@ -3,6 +3,7 @@ object on the driver and, in a worker process, the rebuild cached by :mod:`spark
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from .cache import model_cache
@@ -11,13 +12,19 @@ from .inference.signature import Signature, signature_of
 
 
 class ModelHandle:
-    """Subclasses set ``_key``, ``_nbytes``, ``_model`` (None in workers) and
-    ``_signature``, and implement :meth:`_build`."""
+    """Subclasses set ``_key`` (from :meth:`new_key`), ``_nbytes``, ``_model`` (None in
+    workers) and ``_signature``, and implement :meth:`_build`."""
 
     _key: str
     _nbytes: int
     _model: Any
     _signature: Signature | None
+
+    @staticmethod
+    def new_key(model: Any, prefix: str = "") -> str:
+        """A cache key unique to one shipment of ``model``: every front-end's keys are
+        made here, so they never collide in a process's cache."""
+        return f"{prefix}{type(model).__name__}-{uuid.uuid4().hex[:12]}"
 
     @property
     def key(self) -> str:
@@ -52,7 +59,8 @@ class ModelHandle:
         return self._signature
 
     def _check_usable(self) -> None:
-        """Raise if this handle can no longer give a model (released, say)."""
+        """Called before each use in a worker: raise if this handle can no longer give a
+        model (released, say), and release what the driver said to release."""
 
     def _build(self) -> tuple[Any, int]:
         """``(model, nbytes)`` rebuilt from what was shipped to this process."""

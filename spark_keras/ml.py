@@ -57,7 +57,8 @@ from pyspark.ml.util import (
 )
 
 from . import __version__, storage
-from .errors import PayloadError, SparkKerasError, StorageError
+from .errors import ArgumentError, ArgumentTypeError, PayloadError, SparkKerasError, StorageError
+from .inference.engine import ON_INVALID
 from .inference.predictor import DEFAULT_BATCH_SIZE
 from .spark.transport import is_connect
 
@@ -69,7 +70,6 @@ __all__ = ["KerasTransformer"]
 logger = logging.getLogger("spark_keras")
 
 PAYLOAD_FILE = "payload.skp"
-ON_INVALID = ("error", "null")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):")
 
 
@@ -78,14 +78,14 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):")
 def _to_batch_size(value: Any) -> int:
     size = TypeConverters.toInt(value)  # TypeError for non-integers, as Spark's int params
     if size <= 0:
-        raise ValueError(f"batchSize must be a positive integer, got {size}")
+        raise ArgumentError(f"batchSize must be a positive integer, got {size}")
     return size
 
 
 def _to_on_invalid(value: Any) -> str:
     text = TypeConverters.toString(value)
     if text not in ON_INVALID:
-        raise ValueError(f"onInvalid must be one of {', '.join(map(repr, ON_INVALID))}, "
+        raise ArgumentError(f"onInvalid must be one of {', '.join(map(repr, ON_INVALID))}, "
                          f"got {text!r}")
     return text
 
@@ -219,23 +219,23 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
         single = self.getOrDefault(self.inputCol) if self.isDefined(self.inputCol) else None
         multi = self.getOrDefault(self.inputCols) if self.isDefined(self.inputCols) else None
         if single is not None and multi is not None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.uid} has both inputCol ({single!r}) and inputCols ({multi!r}) set: "
                 f"set exactly one (inputCol for one column, inputCols for several)")
         if single is None and multi is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.uid} requires exactly one of inputCol, inputCols to be set, but "
                 f"neither is: inputCol for one array, ML Vector or scalar column, inputCols "
                 f"for several scalar columns or one column per model input")
         if multi is not None and not multi:
-            raise ValueError(f"{self.uid}: inputCols is empty")
+            raise ArgumentError(f"{self.uid}: inputCols is empty")
         return single if single is not None else list(multi)
 
     def _transform(self, dataset: Any) -> Any:
         columns = self._input_columns()
         output = self.getOutputCol()
         if not output:
-            raise ValueError(f"{self.uid}: outputCol must be a non-empty column name")
+            raise ArgumentError(f"{self.uid}: outputCol must be a non-empty column name")
         # values set by hand into the param map skip the converters: check them again
         batch_size = _to_batch_size(self.getBatchSize())
         on_invalid = _to_on_invalid(self.getOnInvalid())
@@ -294,7 +294,7 @@ class _ModelSource:
                 raise PayloadError("model bytes are not a spark_keras payload (spark_keras.dumps)")
             return cls(payload=bytes(model), **options)
         if not (hasattr(model, "get_config") and callable(model)):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"model must be a Keras model, a .keras or payload file path or URI, payload "
                 f"bytes or a BroadcastModel; got {type(model).__name__}")
         return cls(model=model, **options)

@@ -17,16 +17,24 @@ import logging
 import multiprocessing
 import os
 import tempfile
-import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .cache import model_cache
-from .errors import ModelInputError
-from .inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
-from .inference.signature import Signature, model_outputs, signature_of
+from .errors import SparkKerasError
+from .handle import ModelHandle
+from .inference import columns as cols
+from .inference.engine import (
+    Scored,
+    check_batch_size,
+    check_on_invalid,
+    empty_outputs,
+    model_inputs,
+)
+from .inference.outputs import to_numpy
+from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.signature import signature_of
 from .payload import host_file, mapped
 from .payload.shipment import Shipment
 
@@ -35,23 +43,32 @@ logger = logging.getLogger("spark_keras")
 __all__ = ["pool_predict"]
 
 
-def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE,
-                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
-                 context: str | Any = "spawn", share_weights: bool = True) -> Any:
-    """Predict ``arrays`` with ``model`` in a pool of worker processes.
+def pool_predict(model: Any, data: Any, *,
+                 columns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+                 processes: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                 on_invalid: str = "error", custom_objects: Mapping[str, Any] | None = None,
+                 safe_mode: bool = True, context: str | Any = "spawn",
+                 share_weights: bool = True) -> Any:
+    """Predict ``data`` with ``model`` in a pool of worker processes.
 
-    The pool's initializer receives the model's payload once per process; tasks (chunks
-    of at most ``batch_size`` rows) rebuild it through the per-process model cache, so a
-    process builds it once, and call the compiled predictor
-    (:func:`spark_keras.inference.predictor_for`). Results equal ``model(x)``.
+    The inputs are read and checked here, by the engine every front-end uses (the same
+    input kinds, errors and ``on_invalid`` rule as Spark and Dask). The pool's
+    initializer receives the model's payload once per process; tasks (chunks of at most
+    ``batch_size`` valid rows) rebuild it through the per-process model cache, so a
+    process builds it once, and call the compiled predictor. Results equal ``model(x)``.
 
     Args:
         model: a built Keras model (Sequential, Functional or subclassed).
-        arrays: the model's inputs: one array (single-input models), a list of arrays
-            in input order, or a dict keyed by input name.
+        data: numpy arrays (one for a single-input model, a list in input order or a dict
+            keyed by input name; rows along axis 0), or a pandas DataFrame or Arrow Table
+            (scalar, array, ML Vector or struct columns, as for Spark).
+        columns: DataFrame/Table only: the columns to use (default: all), or a dict mapping
+            each model input name to its columns.
         processes: pool size; default: CPU count, but no more processes than chunks.
         batch_size: rows per task (and per compiled call).
+        on_invalid: ``"error"`` (default) raises :class:`ModelInputError` on a null,
+            NaN/inf or wrongly shaped row, naming the column and row; ``"null"`` scores
+            the other rows and gives such rows NaN outputs (non-float outputs become floats).
         custom_objects: custom classes/functions the model needs beyond those found in
             it; both are shipped (cloudpickle), so ``__main__`` classes work.
         safe_mode: Keras ``safe_mode`` when rebuilding in the workers.
@@ -66,58 +83,60 @@ def pool_predict(model: Any, arrays: Any, *, processes: int | None = None,
         One numpy array for a single-output model, else a dict keyed by output name.
 
     Raises:
-        ModelInputError: ``arrays`` do not match the model's inputs.
+        ModelInputError: ``data`` does not match the model's inputs.
         PayloadError: the model cannot be serialized, or rebuilt in a worker (raised
             here, from the failing task).
     """
+    check_on_invalid(on_invalid)
+    batch_size = check_batch_size(batch_size)
     signature = signature_of(model)
-    inputs = _input_list(arrays, signature)
+    inputs, invalid = model_inputs(cols.from_data(data, columns, signature), signature,
+                                   on_invalid, where="input")
     n = len(inputs[0])
     if n == 0:
-        return model_outputs([np.zeros((0, *s.shape), s.dtype) for s in signature.outputs],
-                             signature)
+        return to_numpy(Scored(signature, empty_outputs(signature), invalid))
     processes = processes or os.cpu_count() or 1
-    rows = max(1, min(int(batch_size), -(-n // processes)))
+    rows = max(1, min(batch_size, -(-n // processes)))
     chunks = [[a[i:i + rows] for a in inputs] for i in range(0, n, rows)]
-    key = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+    handle = PoolModel(model)
     shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode)
     ctx = multiprocessing.get_context(context) if isinstance(context, str) else context
-    logger.info("pool_predict %s: %d rows in %d tasks, %d processes", key, n, len(chunks),
-                min(processes, len(chunks)))
+    logger.info("pool_predict %s: %d rows in %d tasks, %d processes", handle.key, n,
+                len(chunks), min(processes, len(chunks)))
     with contextlib.ExitStack() as stack:
         if share_weights and mapped.supported():
             # the parent writes the payload file once; every child maps it
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_pool_"))
-            host_file.land(folder, key, len(shipment.payload), lambda: shipment.payload)
+            host_file.land(folder, handle.key, len(shipment.payload), lambda: shipment.payload)
             received = _Received(shipment.without_payload(), len(shipment.payload), folder)
         else:
             received = _Received(shipment, len(shipment.payload), None)
         pool = stack.enter_context(ctx.Pool(min(processes, len(chunks)), initializer=_receive,
-                                            initargs=(key, received)))
-        parts = pool.map(_predict_chunk, [(key, chunk, int(batch_size)) for chunk in chunks],
-                         chunksize=1)
-    return model_outputs([np.concatenate(p) for p in zip(*parts)], signature)
+                                            initargs=(handle.key, received)))
+        parts = pool.map(_predict_chunk, [(handle.worker_copy(), chunk, batch_size)
+                                          for chunk in chunks], chunksize=1)
+    outputs = [np.concatenate(p) for p in zip(*parts)]
+    return to_numpy(Scored(signature, outputs, invalid))
 
 
-def _input_list(arrays: Any, signature: Signature) -> list[np.ndarray]:
-    specs = signature.inputs
-    if isinstance(arrays, Mapping):
-        missing = [s.name for s in specs if s.name not in arrays]
-        if missing:
-            raise ModelInputError(f"inputs {missing} missing; the model has inputs "
-                                  f"{[s.name for s in specs]}")
-        arrays = [arrays[s.name] for s in specs]
-    elif not isinstance(arrays, (list, tuple)):
-        arrays = [arrays]
-    if len(arrays) != len(specs):
-        raise ModelInputError(f"got {len(arrays)} input arrays; the model has inputs "
-                              f"{[s.name for s in specs]}")
-    out = [np.asarray(a, dtype=s.dtype) for a, s in zip(arrays, specs)]
-    for a, s in zip(out, specs):
-        if a.shape[1:] != s.shape or len(a) != len(out[0]):
-            raise ModelInputError(f"input {s.name!r} has shape {a.shape}; expected "
-                                  f"{len(out[0])} rows of {s.describe()}")
-    return out
+class PoolModel(ModelHandle):
+    """The pool's model: the original in the parent; in a pool process, the model built
+    once from what the initializer received (see :func:`pool_predict`)."""
+
+    def __init__(self, model: Any = None, key: str | None = None, nbytes: int = 0) -> None:
+        self._key = key or self.new_key(model, "pool-")
+        self._nbytes, self._model, self._signature = nbytes, model, None
+
+    def worker_copy(self) -> "PoolModel":
+        """What a task carries: the key only."""
+        return PoolModel(key=self._key)
+
+    def _build(self) -> tuple:
+        received = _received.get(self._key)
+        if received is None:
+            raise SparkKerasError(f"pool model {self._key} was not received by process "
+                                  f"{os.getpid()}: use it through pool_predict")
+        return received.build(self._key)
 
 
 # --- in the pool's processes ----------------------------------------------------------
@@ -146,7 +165,6 @@ def _receive(key: str, received: _Received) -> None:
     _received[key] = received
 
 
-def _predict_chunk(task: tuple[str, list[np.ndarray], int]) -> list[np.ndarray]:
-    key, arrays, batch_size = task
-    model = model_cache.get_or_build(key, lambda: _received[key].build(key)).value
-    return predictor_for(model)(arrays, batch_size)
+def _predict_chunk(task: tuple[PoolModel, list[np.ndarray], int]) -> list[np.ndarray]:
+    handle, arrays, batch_size = task
+    return handle.predictor(arrays, batch_size)

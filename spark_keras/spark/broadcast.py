@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import uuid
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
@@ -20,8 +19,10 @@ from .transport import transport_for
 logger = logging.getLogger("spark_keras")
 
 # Keys of BroadcastModels released on this driver; every handle shipped afterwards carries
-# them, so a worker that unpickles any handle drops those models from its cache.
+# them, and a worker using any handle first drops those models (see _check_usable).
 _released: collections.deque[str] = collections.deque(maxlen=256)
+# In a worker: released keys already dropped here
+_dropped: set[str] = set()
 
 
 class BroadcastModel(ModelHandle):
@@ -72,7 +73,7 @@ class BroadcastModel(ModelHandle):
         model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
                                payload=payload)
-        self._name = f"{type(model).__name__}-{uuid.uuid4().hex[:12]}"
+        self._name = self.new_key(model)
         self._epoch = 0
         self._key = self._name
         self._model: Any = model
@@ -85,6 +86,7 @@ class BroadcastModel(ModelHandle):
         self._recipe = shipment.without_payload()
         self._share_weights = share_weights
         self._released = False
+        self._stale: tuple[str, ...] = ()  # in a worker: keys the driver had released
         logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,
                     type(self._transport).__name__)
 
@@ -93,6 +95,12 @@ class BroadcastModel(ModelHandle):
     def _check_usable(self) -> None:
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
+        stale = [k for k in self._stale if k not in _dropped]
+        if stale:  # release, in this worker, what the driver released since
+            for key in stale:
+                model_cache.drop(key)
+            self._transport.forget(stale)
+            _dropped.update(stale)
 
     def _build(self) -> tuple:
         return self._transport.build(self._recipe, self._key, self._nbytes, self._share_weights)
@@ -113,10 +121,10 @@ class BroadcastModel(ModelHandle):
         shaped row, naming the column and row; ``"null"`` gives such rows a null
         prediction and scores the rest. The row count never changes.
         """
-        from .scoring import PredictUDF
+        from . import scoring  # pyarrow, on first use: the daemon imports this module first
 
         self._check_usable()
-        return PredictUDF(self, return_type=return_type, batch_size=batch_size,
+        return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
                           on_invalid=on_invalid)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
@@ -124,10 +132,10 @@ class BroadcastModel(ModelHandle):
         """``df`` with every column kept plus ``output_col`` (a struct for multi-output
         models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion.
         ``on_invalid`` as in :meth:`predict_udf`."""
-        from .scoring import transform
+        from . import scoring
 
         self._check_usable()
-        return transform(self, df, input_cols, output_col, batch_size=batch_size,
+        return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                          on_invalid=on_invalid)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -139,20 +147,20 @@ class BroadcastModel(ModelHandle):
         numpy arrays otherwise, dicts for multi-output models; ``None`` for invalid rows
         when ``on_invalid="null"``.
         """
-        from .scoring import predict_rows
-
         if not self._transport.rdds:
             raise SparkKerasError(
                 "predict_partition is for rdd.mapPartitions, and Spark Connect has no RDDs: "
                 "use bm.transform(df, ...) or bm.predict_udf(), or your own df.mapInArrow "
                 "function calling bm.predictor")
-        return predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid)
+        from . import scoring
+
+        return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid)
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def unpersist(self, blocking: bool = False) -> None:
         """Free the executors' copies: the broadcast blocks now; the cached models and
-        payload files when each worker next unpickles a handle.
+        payload files when each worker next uses a BroadcastModel.
 
         The handle stays usable: its payload is broadcast afresh under a new
         :attr:`key` (executors fetch it only if it is used again), and a worker that
@@ -172,34 +180,22 @@ class BroadcastModel(ModelHandle):
 
     def _release_key(self) -> None:
         """Workers drop the model and the executor's file for the current key when
-        they next unpickle a handle (any BroadcastModel's); the files go with the
-        executor at the latest."""
+        they next use a handle (any BroadcastModel's); the files go with the executor
+        at the latest."""
         _released.append(self._key)
 
     # --- pickling (what a closure or a broadcast structure carries) ----------------------
 
-    def __reduce__(self) -> tuple:
+    def __getstate__(self) -> dict[str, Any]:
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
-        return (_restore, (self._key, self._transport, self._nbytes, self.signature,
-                           tuple(_released), self._recipe, self._share_weights))
+        state = dict(self.__dict__, _model=None, _stale=tuple(_released))
+        state["_signature"] = self.signature
+        return state
 
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
-
-
-def _restore(key: str, transport: Any, nbytes: int, signature: Signature,
-             released: Sequence[str], recipe: Shipment, share_weights: bool) -> BroadcastModel:
-    for old in released:
-        model_cache.drop(old)
-    transport.forget(list(released))
-    handle = BroadcastModel.__new__(BroadcastModel)
-    handle._key, handle._name, handle._epoch = key, key, 0
-    handle._transport, handle._nbytes, handle._recipe = transport, nbytes, recipe
-    handle._model, handle._signature, handle._released = None, signature, False
-    handle._share_weights = share_weights
-    return handle
 
 
 def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,

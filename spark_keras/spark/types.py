@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-from ..inference.arrow_tensors import is_scalar_output, stored_dtype
+from ..inference.outputs import is_scalar_output, stored_dtype
 from ..inference.signature import Signature, TensorSpec
 
 _SPARK_TYPES = {"float32": T.FloatType, "float64": T.DoubleType, "int64": T.LongType,

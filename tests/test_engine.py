@@ -7,7 +7,9 @@ import pyarrow as pa
 import pytest
 
 from spark_keras import ModelInputError
-from spark_keras.inference.arrow_tensors import columns_to_inputs, outputs_to_arrow
+from spark_keras.inference.columns import from_arrow
+from spark_keras.inference.engine import model_inputs
+from spark_keras.inference.outputs import outputs_to_arrow
 from spark_keras.inference.signature import Signature, TensorSpec
 
 ONE = Signature((TensorSpec("x", (3,), "float32"),), (TensorSpec("prediction", (1,), "float32"),), None, None)
@@ -19,7 +21,7 @@ MULTI_OUT = Signature((TensorSpec("x", (3,), "float32"),),
 
 def inputs(arrays, sig=ONE, names=None, on_invalid="error"):
     names = names or [f"c{i}" for i in range(len(arrays))]
-    return columns_to_inputs(names, arrays, sig, on_invalid)
+    return model_inputs(from_arrow(names, arrays), sig, on_invalid)
 
 
 def test_list_column_is_reshaped_without_copy():
@@ -138,7 +140,7 @@ def test_null_policy_on_a_batch_with_no_valid_row(col):
 def test_empty_batch_still_checks_the_column_type():
     (x,), invalid = inputs([pa.array([], pa.list_(pa.float32()))])
     assert x.shape == (0, 3) and invalid is None
-    with pytest.raises(ModelInputError, match="column 'c0' has type string"):
+    with pytest.raises(ModelInputError, match="column 'c0' holds arrays of string"):
         inputs([pa.array([], pa.list_(pa.string()))])
 
 
@@ -160,7 +162,81 @@ def test_misshapen_vectors_in_both_policies():
     np.testing.assert_array_equal(x, [[1, 2, 3], [0, 5, 0]])
     with pytest.raises(ModelInputError, match="dense vector at row 1.*2 values.*3 features"):
         inputs([col.slice(0, 6)], names=["v"])
-    with pytest.raises(ModelInputError, match="null.*row 6"):
-        inputs([col], names=["v"])
+    with pytest.raises(ModelInputError, match=r"index outside 0..2.*\(2 invalid row"):
+        inputs([col.slice(5)], names=["v"])
+    with pytest.raises(ModelInputError, match="null.*row 0"):
+        inputs([col.slice(6)], names=["v"])
     with pytest.raises(ModelInputError, match="sparse vector at row 0.*size 4"):
         inputs([col.slice(3, 1)])
+
+
+# --- every input kind through one engine ------------------------------------------------
+
+TWO_IN = Signature((TensorSpec("t1", (4,), "float32"), TensorSpec("t2", (3,), "float32")),
+                   ONE.outputs, ("t1", "t2"), None)
+
+
+def test_struct_fields_are_stacked_for_a_single_input():
+    s = pa.StructArray.from_arrays([pa.array([1.0, 4.0]), pa.array([2, 5]), pa.array([3.0, 6.0])],
+                                   names=["a", "b", "c"])
+    (x,), invalid = inputs([s])
+    np.testing.assert_array_equal(x, [[1, 2, 3], [4, 5, 6]])
+    null_row = pa.StructArray.from_arrays(s.flatten(), names=["a", "b", "c"],
+                                          mask=pa.array([False, True]))
+    (x,), invalid = inputs([null_row], on_invalid="null")
+    np.testing.assert_array_equal(invalid, [False, True])
+    np.testing.assert_array_equal(x, [[1, 2, 3]])
+
+
+def test_struct_fields_match_named_inputs_in_any_order():
+    t1 = pa.array([[1, 2, 3, 4]], pa.list_(pa.float64()))
+    t2 = pa.array([[5, 6, 7]], pa.list_(pa.float64()))
+    s = pa.StructArray.from_arrays([t2, t1], names=["t2", "t1"])
+    (a, b), _ = inputs([s], sig=TWO_IN)
+    np.testing.assert_array_equal(a, [[1, 2, 3, 4]])
+    np.testing.assert_array_equal(b, [[5, 6, 7]])
+    positional = pa.StructArray.from_arrays([t1, t2], names=["x", "y"])
+    (a, b), _ = inputs([positional], sig=TWO_IN)
+    np.testing.assert_array_equal(b, [[5, 6, 7]])
+    with pytest.raises(ModelInputError, match=r"3 column\(s\).*2 inputs"):
+        inputs([pa.StructArray.from_arrays([t1, t2, t2], names=["x", "y", "z"])], sig=TWO_IN)
+
+
+def test_numpy_adapter_is_zero_copy_and_checks_rows():
+    from spark_keras.inference.columns import from_numpy
+
+    x = np.arange(12, dtype="float32").reshape(4, 3)
+    (got,), invalid = model_inputs(from_numpy(x, ONE), ONE)
+    assert invalid is None and np.shares_memory(got, x)
+    x[2, 1] = np.nan
+    with pytest.raises(ModelInputError, match=r"column 'x': NaN.*row 2 of this batch"):
+        model_inputs(from_numpy(x, ONE), ONE)
+    (got,), invalid = model_inputs(from_numpy(x, ONE), ONE, "null")
+    np.testing.assert_array_equal(invalid, [False, False, True, False])
+    ragged = np.array([[1.0, 2.0, 3.0], None, [1.0, 2.0]], dtype=object)
+    (got,), invalid = model_inputs(from_numpy(ragged, ONE), ONE, "null")
+    np.testing.assert_array_equal(invalid, [False, True, True])
+    with pytest.raises(ModelInputError, match=r"inputs \['t2'\] missing"):
+        from_numpy({"t1": np.zeros((1, 4))}, TWO_IN)
+    with pytest.raises(ModelInputError, match=r"different lengths.*'t1' has 2 rows.*'t2' has 1"):
+        model_inputs(from_numpy([np.zeros((2, 4)), np.zeros((1, 3))], TWO_IN), TWO_IN)
+
+
+def test_pandas_and_rows_adapters_give_the_same_inputs():
+    import pandas as pd
+
+    from spark_keras.inference.columns import from_frame, from_rows
+
+    rows = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    want, _ = model_inputs(from_arrow(["f"], [pa.array(rows)]), ONE)
+    frame = pd.DataFrame({"f": [np.array(r) for r in rows]})
+    got, _ = model_inputs(from_frame(frame, None, ONE), ONE)
+    np.testing.assert_array_equal(got[0], want[0])
+    scalars = pd.DataFrame(rows, columns=["a", "b", "c"])
+    got, _ = model_inputs(from_frame(scalars, None, ONE), ONE)
+    np.testing.assert_array_equal(got[0], want[0])
+    got, _ = model_inputs(from_rows(rows, ONE), ONE)
+    np.testing.assert_array_equal(got[0], want[0])
+    with pytest.raises(ModelInputError, match="null.*row 11 of this partition"):
+        model_inputs(from_rows([rows[0], None], ONE, first_row=10), ONE, where="partition",
+                     first_row=10)

@@ -1,0 +1,276 @@
+"""Every input kind, as one representation: named Arrow columns.
+
+One adapter per source (Arrow arrays, pandas columns and frames, numpy arrays, Python
+rows) turns data into :class:`Column` s, zero-copy where the layout allows; then
+:func:`assign` decides which columns feed which model input:
+
+* one column per input, in order, or matched by name when the column names are the
+  model's input names;
+* several scalar columns stacked as the features of a single-input model;
+* a struct column (``struct(*cols)``, not an ML Vector) counts as its fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import ModelInputError
+from .signature import Signature, TensorSpec
+from .walk import kind
+
+
+@dataclass(frozen=True)
+class Column:
+    """One input column: ``name`` for errors and for matching model inputs by name."""
+
+    name: str
+    array: pa.Array
+
+
+# A model input fed by one column, or by scalar columns stacked as its features.
+Assigned = tuple[TensorSpec, list[Column]]
+
+# What the engine accepts: columns to assign, or columns already grouped by input name.
+Columns = Sequence[Column] | Mapping[str, Sequence[Column]]
+
+
+# --- adapters ------------------------------------------------------------------------
+
+def from_arrow(names: Sequence[str], arrays: Sequence[pa.Array | pa.ChunkedArray]) -> list[Column]:
+    """Arrow arrays (a record batch's columns, an Arrow UDF's arguments)."""
+    return [Column(n, a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a)
+            for n, a in zip(names, arrays)]
+
+
+# Arrow types of an ML Vector's fields: a pandas column where every row is null loses it
+_VECTOR_FIELD_TYPES = {"type": pa.int8(), "size": pa.int32(), "indices": pa.list_(pa.int32()),
+                       "values": pa.list_(pa.float64())}
+
+
+def pandas_to_arrow(name: str, series: Any) -> pa.Array:
+    """A pandas column as Arrow: numbers zero-copy, array cells as lists, a struct (a
+    DataFrame, as pandas UDFs receive structs and ML Vectors) as a struct, pyspark ML
+    Vector objects as lists. pandas' missing values (None, NaN) become nulls."""
+    if hasattr(series, "columns"):
+        fields = [str(c) for c in series.columns]
+        children = [pandas_to_arrow(f"{name}.{c}", series[c]) for c in series.columns]
+        children = [pa.nulls(len(a), _VECTOR_FIELD_TYPES[f])
+                    if pa.types.is_null(a.type) and f in _VECTOR_FIELD_TYPES else a
+                    for f, a in zip(fields, children)]
+        missing = series.isna().all(axis=1).to_numpy()  # a null struct: every field null
+        return pa.StructArray.from_arrays(children, names=fields,
+                                          mask=pa.array(missing) if missing.any() else None)
+    values = series.to_numpy()
+    if values.dtype == object and len(values):
+        first = next((v for v in values if v is not None), None)
+        if hasattr(first, "toArray"):  # pyspark.ml.linalg vectors
+            return _cells_to_arrow(name, [None if v is None else v.toArray() for v in values])
+        if isinstance(first, np.ndarray) and first.ndim > 1:
+            return _cells_to_arrow(name, list(values))
+    try:
+        arr = pa.Array.from_pandas(series)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ModelInputError(f"column {name!r} cannot be read as numbers: {exc}") from exc
+    if pa.types.is_null(arr.type):  # every row missing: an array column lost its type
+        return pa.nulls(len(arr), pa.list_(pa.float64()))
+    return arr
+
+
+def from_pandas(names: Sequence[str], series: Sequence[Any]) -> list[Column]:
+    """pandas Series (or DataFrames, for struct columns), one per name."""
+    return [Column(n, pandas_to_arrow(n, s)) for n, s in zip(names, series)]
+
+
+def from_numpy(arrays: Any, signature: Signature) -> list[Column]:
+    """Arrays for the model's inputs: one array (single input), a list in input order or a
+    dict keyed by input name. Rows along axis 0; each row is flattened (zero-copy for
+    contiguous numeric arrays) and reshaped to the input's shape when read."""
+    specs = signature.inputs
+    if isinstance(arrays, Mapping):
+        missing = [s.name for s in specs if s.name not in arrays]
+        if missing:
+            raise ModelInputError(f"inputs {missing} missing; the model has inputs "
+                                  f"{[s.name for s in specs]}, got {list(arrays)}")
+        arrays = [arrays[s.name] for s in specs]
+    elif not isinstance(arrays, (list, tuple)):
+        arrays = [arrays]
+    if len(arrays) != len(specs):
+        raise ModelInputError(f"got {len(arrays)} input arrays; the model has inputs "
+                              f"{[s.name for s in specs]}")
+    return [Column(s.name, _ndarray_to_arrow(s.name, np.asarray(a))) for a, s in zip(arrays, specs)]
+
+
+def _ndarray_to_arrow(name: str, a: np.ndarray) -> pa.Array:
+    if a.ndim == 0:
+        raise ModelInputError(f"input {name!r} is a scalar; pass one row per element of axis 0")
+    if a.dtype == object:
+        return _cells_to_arrow(name, list(a))
+    if a.ndim == 1:
+        return _arrow_of(name, a)
+    flat = np.ascontiguousarray(a).reshape(-1)
+    width = int(np.prod(a.shape[1:], dtype=np.int64))
+    return pa.FixedSizeListArray.from_arrays(_arrow_of(name, flat), width)
+
+
+def _arrow_of(name: str, values: np.ndarray) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ModelInputError(f"column {name!r} of dtype {values.dtype} cannot be read as "
+                              f"numbers: {exc}") from exc
+
+
+def _cells_to_arrow(name: str, cells: list[Any], first_row: int = 0,
+                    where: str = "batch") -> pa.Array:
+    """Per-row values (numbers, lists, arrays of any shape, None) as one Arrow column."""
+    cells = [c.reshape(-1) if isinstance(c, np.ndarray) and c.ndim > 1 else c for c in cells]
+    try:
+        arr = pa.array(cells)
+        # every row None: the type is lost, and any input accepts null rows
+        return pa.nulls(len(arr), pa.list_(pa.float64())) if pa.types.is_null(arr.type) else arr
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+            ValueError):
+        pass
+    for i, cell in enumerate(cells):  # find the row at fault
+        try:
+            pa.array([cell])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+                ValueError) as exc:
+            raise ModelInputError(f"column {name!r}: row {first_row + i} of this {where} cannot "
+                                  f"be read as numbers ({type(cell).__name__}: {exc})") from exc
+    raise ModelInputError(f"column {name!r}: rows of different kinds (numbers, arrays) in one "
+                          f"{where}, first at row {first_row}")
+
+
+def from_frame(frame: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] | str | None,
+               signature: Signature) -> Columns:
+    """Columns of a pandas DataFrame or an Arrow Table/RecordBatch: ``columns`` names
+    them (default: every column), or maps each model input name to its columns."""
+    available = [str(c) for c in (frame.column_names if hasattr(frame, "column_names")
+                                  else frame.columns)]
+
+    def take(names: Sequence[str]) -> list[Column]:
+        absent = [c for c in names if c not in available]
+        if absent:
+            raise ModelInputError(f"column(s) {absent} not in the data; it has {available}")
+        if hasattr(frame, "column_names"):
+            return from_arrow(names, [frame.column(c) for c in names])
+        return from_pandas(names, [frame[c] for c in names])
+
+    if isinstance(columns, Mapping):
+        inputs = [s.name for s in signature.inputs]
+        if set(columns) != set(inputs):
+            raise ModelInputError(f"columns= must map each model input {inputs} to its "
+                                  f"columns; got keys {list(columns)}")
+        return {k: take([v] if isinstance(v, str) else list(v)) for k, v in columns.items()}
+    if columns is None:
+        return take(available)
+    return take([columns] if isinstance(columns, str) else list(columns))
+
+
+def from_data(data: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] | str | None,
+              signature: Signature) -> Columns:
+    """Columns of a pandas DataFrame or an Arrow Table/RecordBatch (see :func:`from_frame`),
+    or of numpy arrays (see :func:`from_numpy`; ``columns`` must then be None)."""
+    if hasattr(data, "column_names") or (hasattr(data, "columns") and hasattr(data, "iloc")):
+        return from_frame(data, columns, signature)
+    if columns is not None:
+        raise ModelInputError("columns= selects columns of a DataFrame or an Arrow table, "
+                              f"not of {type(data).__name__}")
+    return from_numpy(data, signature)
+
+
+def from_rows(rows: Sequence[Any], signature: Signature, first_row: int = 0) -> list[Column]:
+    """Python rows (``rdd.mapPartitions``): a feature array/list/ML Vector, a tuple or Row
+    with one value per model input, or a dict keyed by input name."""
+    names = [s.name for s in signature.inputs]
+    parts = [_row_parts(row, len(names), names, first_row + i) for i, row in enumerate(rows)]
+    return [Column(name, _cells_to_arrow(name, [p[j] for p in parts], first_row, "partition"))
+            for j, name in enumerate(names)]
+
+
+def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str], index: int) -> list[Any]:
+    if isinstance(row, dict) or hasattr(row, "asDict"):
+        mapping = row if isinstance(row, dict) else row.asDict()
+        if all(name in mapping for name in input_names):
+            return [_cell(mapping[name]) for name in input_names]
+        row = list(mapping.values())
+    if hasattr(row, "toArray"):  # an ML Vector
+        parts = [row]
+    elif isinstance(row, (tuple, list)) and n_inputs > 1:
+        parts = list(row)
+    elif isinstance(row, (tuple, list)) and len(row) == 1 and not np.isscalar(row[0]):
+        parts = [row[0]]
+    else:
+        parts = [row]
+    if len(parts) != n_inputs:
+        raise ModelInputError(f"row {index} of this partition has {len(parts)} parts; the model "
+                              f"has inputs {list(input_names)}")
+    return [_cell(p) for p in parts]
+
+
+def _cell(value: Any) -> Any:
+    return value.toArray() if hasattr(value, "toArray") else value
+
+
+# --- columns to model inputs -----------------------------------------------------------
+
+def expand_structs(columns: Iterable[Column]) -> list[Column]:
+    """Struct columns (not ML Vectors) as their fields; a null struct nulls every field."""
+    out: list[Column] = []
+    for col in columns:
+        if kind(col.array.type) != "struct":
+            out.append(col)
+            continue
+        arr = col.array
+        fields = arr.flatten()  # the struct's offset applied
+        if arr.null_count:
+            nulls = arr.is_null()
+            fields = [pc.if_else(nulls, pa.nulls(len(f), f.type), f) for f in fields]
+        out += [Column(f.name, a) for f, a in zip(arr.type, fields)]
+    return out
+
+
+def assign(columns: Columns, signature: Signature) -> list[Assigned]:
+    """Which columns feed which model input (see the module docstring)."""
+    assigned = _assign(columns, signature)
+    every = [c for _, group in assigned for c in group]
+    lengths = {len(c.array) for c in every}
+    if len(lengths) > 1:
+        raise ModelInputError("input columns of different lengths: " + ", ".join(
+            f"{c.name!r} has {len(c.array)} rows" for c in every))
+    return assigned
+
+
+def _assign(columns: Columns, signature: Signature) -> list[Assigned]:
+    inputs = signature.inputs
+    if isinstance(columns, Mapping):
+        return [(spec, expand_structs(columns[spec.name])) for spec in inputs]
+    given = list(columns)
+    cols = expand_structs(given)
+    names = [c.name for c in cols]
+    input_names = [s.name for s in inputs]
+    if not cols:
+        raise ModelInputError(f"no input columns given; the model has inputs {input_names}")
+    if len(inputs) == 1:
+        spec = inputs[0]
+        if len(cols) == 1:
+            return [(spec, cols)]
+        if len(cols) != spec.size:
+            raise ModelInputError(
+                f"{len(cols)} columns {names} given; the model input {spec.name!r} expects "
+                f"{spec.describe()}, i.e. {spec.size} scalar columns, or one array column")
+        return [(spec, cols)]
+    if sorted(names) == sorted(input_names):
+        by_name = {c.name: c for c in cols}
+        return [(spec, [by_name[spec.name]]) for spec in inputs]
+    if len(cols) == len(inputs):
+        return [(spec, [c]) for spec, c in zip(inputs, cols)]
+    raise ModelInputError(
+        f"{len(cols)} column(s) {names} given for a model with {len(inputs)} inputs "
+        f"{input_names}: pass one column per input (in order, or named as the inputs)")

@@ -1,0 +1,115 @@
+"""The scoring engine every front-end uses: columns in (:mod:`.columns`), one read per
+column (:mod:`.walk`), the ``on_invalid`` rule applied once, the compiled model call in
+batches (:mod:`.predictor`), and the outputs with the mask of invalid rows
+(:class:`Scored`, shaped by :mod:`.outputs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError, ModelInputError
+from .columns import Columns, assign
+from .signature import Signature, TensorSpec
+from .walk import ColumnRead, kind, read_column
+
+ON_INVALID = ("error", "null")
+
+
+def check_on_invalid(on_invalid: str) -> None:
+    """Refuse an unknown bad-row policy up front (on the driver, not in a task)."""
+    if on_invalid not in ON_INVALID:
+        raise ArgumentError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as a positive int, or an :class:`ArgumentError`."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ArgumentError(f"batch_size must be a positive integer, not {batch_size!r}")
+    return int(batch_size)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A batch's predictions: ``outputs`` (flat, signature order) for the valid rows only;
+    ``invalid`` marks the rows left out (None: every row was scored)."""
+
+    signature: Signature
+    outputs: list[np.ndarray]
+    invalid: np.ndarray | None
+
+    @property
+    def rows(self) -> int:
+        return len(self.invalid) if self.invalid is not None else len(self.outputs[0])
+
+
+def model_inputs(columns: Columns, signature: Signature, on_invalid: str = "error", *,
+                 where: str = "batch", first_row: int = 0
+                 ) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """The model's inputs from ``columns``, and the mask of invalid rows.
+
+    With ``on_invalid="error"`` an invalid row raises :class:`ModelInputError` naming the
+    column, the row (numbered from ``first_row`` within ``where``) and what is wrong; with
+    ``"null"`` invalid rows are left out of the inputs and marked in the mask.
+    """
+    check_on_invalid(on_invalid)
+    reads = [_read(spec, cols) for spec, cols in assign(columns, signature)]
+    invalid = None
+    for group in reads:
+        for r in group:
+            bad = r.invalid
+            if bad is None:
+                continue
+            if on_invalid == "error":
+                raise r.error(where, first_row)
+            invalid = bad if invalid is None else invalid | bad
+    keep = None if invalid is None else ~invalid
+    inputs = [_values(group, spec, keep) for group, spec in zip(reads, signature.inputs)]
+    return inputs, invalid
+
+
+def _read(spec: TensorSpec, cols: list) -> list[ColumnRead]:
+    if len(cols) == 1:
+        return [read_column(cols[0].name, cols[0].array, spec)]
+    if len(cols) != spec.size:
+        raise ModelInputError(
+            f"{len(cols)} columns {[c.name for c in cols]} given for the model input "
+            f"{spec.name!r}; it expects {spec.describe()}, i.e. {spec.size} scalar columns")
+    scalar = TensorSpec(spec.name, (), spec.dtype)
+    for c in cols:
+        if kind(c.array.type) != "number":
+            raise ModelInputError(
+                f"column {c.name!r} has type {c.array.type}; stacking {len(cols)} columns as the "
+                f"features of input {spec.name!r} needs one number per column")
+    return [read_column(c.name, c.array, scalar) for c in cols]
+
+
+def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) -> np.ndarray:
+    if len(group) == 1:
+        return group[0].values(keep)
+    rows = group[0].n if keep is None else int(keep.sum())
+    stacked = np.empty((rows, len(group)), dtype=spec.dtype)
+    for j, r in enumerate(group):
+        stacked[:, j] = r.values(keep)
+    return stacked.reshape((rows, *spec.shape))
+
+
+def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
+          where: str = "batch", first_row: int = 0) -> Scored:
+    """Predictions of ``handle``'s model (a :class:`~spark_keras.handle.ModelHandle`, or
+    anything with ``predictor`` and ``signature``) for ``columns``. An empty batch, or
+    one where every row is invalid, gives empty outputs of the output specs' dtypes."""
+    predictor = handle.predictor
+    signature = predictor.signature
+    inputs, invalid = model_inputs(columns, signature, on_invalid, where=where,
+                                   first_row=first_row)
+    outputs = predictor(inputs, batch_size) if len(inputs[0]) else empty_outputs(signature)
+    return Scored(signature, outputs, invalid)
+
+
+def empty_outputs(signature: Signature) -> list[np.ndarray]:
+    """Outputs for no rows, of the output specs' shapes and dtypes."""
+    return [np.zeros((0, *s.shape), dtype=s.dtype) for s in signature.outputs]

@@ -1,0 +1,133 @@
+"""Predictions (a :class:`~.engine.Scored` batch) shaped for each front-end: an Arrow
+column (Spark), numpy arrays (pools, Dask arrays), a pandas frame (Dask DataFrames) or
+one Python value per row (``rdd.mapPartitions``). Invalid rows are null: a null Arrow
+value, NaN in numpy arrays and pandas frames (other dtypes become floats), None."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .engine import Scored
+from .signature import Signature, TensorSpec, model_outputs
+
+# numpy dtype an output column is stored with (Spark has no float16/bfloat16/unsigned)
+_STORED_AS = {"float64": np.float64, "int64": np.int64, "int32": np.int32, "int16": np.int16,
+              "int8": np.int8, "uint8": np.int16, "uint16": np.int32, "uint32": np.int64,
+              "bool": np.bool_}
+
+
+def stored_dtype(dtype: str) -> np.dtype:
+    return np.dtype(_STORED_AS.get(dtype, np.float32))
+
+
+def is_scalar_output(spec: TensorSpec) -> bool:
+    """Single-unit outputs ((), (1,)) become a scalar column; others nested arrays."""
+    return spec.size == 1 and len(spec.shape) <= 1
+
+
+def nullable_dtype(dtype: Any) -> np.dtype:
+    """The dtype that can hold NaN for a null row: floats keep theirs."""
+    return np.result_type(np.dtype(dtype), np.float32)
+
+
+def _full(values: np.ndarray, invalid: np.ndarray) -> np.ndarray:
+    """``values`` of the valid rows spread over all rows, invalid rows NaN (an Arrow
+    column masks them; elsewhere non-float outputs become floats)."""
+    full = np.full((len(invalid), *values.shape[1:]), np.nan, dtype=nullable_dtype(values.dtype))
+    full[~invalid] = values
+    return full
+
+
+# --- Arrow ---------------------------------------------------------------------------
+
+def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | None = None
+                    ) -> pa.Array:
+    """A (n, *shape) output as an Arrow column: a scalar column or nested lists. With an
+    ``invalid`` mask (over all rows; ``values`` holds the valid ones), invalid rows are null."""
+    values = np.ascontiguousarray(values, dtype=stored_dtype(spec.dtype))
+    if invalid is not None:  # the nulls' values are hidden by the mask
+        full = np.zeros((len(invalid), *values.shape[1:]), dtype=values.dtype)
+        full[~invalid] = values
+        values = full
+    n = values.shape[0]
+    mask = pa.array(invalid) if invalid is not None else None
+    if is_scalar_output(spec):
+        return pa.array(values.reshape(n), mask=invalid)
+    arr: pa.Array = pa.array(values.reshape(-1))
+    for level, width in enumerate(reversed(spec.shape)):
+        count = len(arr) // width
+        offsets = pa.array(np.arange(0, (count + 1) * width, width, dtype=np.int32))
+        outermost = level == len(spec.shape) - 1
+        arr = pa.ListArray.from_arrays(offsets, arr, mask=mask if outermost else None)
+    return arr
+
+
+def outputs_to_arrow(outputs: Sequence[np.ndarray], signature: Signature,
+                     invalid: np.ndarray | None = None) -> pa.Array:
+    """One Arrow column of predictions (a struct for multi-output models)."""
+    if signature.output_names is None:
+        return tensor_to_arrow(outputs[0], signature.outputs[0], invalid)
+    arrays = [tensor_to_arrow(o, s, invalid) for o, s in zip(outputs, signature.outputs)]
+    mask = pa.array(invalid) if invalid is not None else None
+    return pa.StructArray.from_arrays(arrays, names=list(signature.output_names), mask=mask)
+
+
+def to_arrow(scored: Scored) -> pa.Array:
+    return outputs_to_arrow(scored.outputs, scored.signature, scored.invalid)
+
+
+# --- numpy ---------------------------------------------------------------------------
+
+def full_outputs(scored: Scored) -> list[np.ndarray]:
+    """One array per output over all rows; invalid rows NaN (:func:`nullable_dtype`)."""
+    if scored.invalid is None:
+        return list(scored.outputs)
+    return [_full(values, scored.invalid) for values in scored.outputs]
+
+
+def to_numpy(scored: Scored) -> Any:
+    """One array for a single-output model, else a dict keyed by output name."""
+    return model_outputs(full_outputs(scored), scored.signature)
+
+
+def flat_columns(signature: Signature) -> list[str]:
+    """Column names of :func:`flat_outputs`: the output's name for a single value,
+    ``<name>_<i>`` for each value of a vector output."""
+    return [n for out in signature.outputs
+            for n in ([out.name] if out.size == 1 else [f"{out.name}_{i}" for i in range(out.size)])]
+
+
+def flat_dtype(signature: Signature, nullable: bool = False) -> np.dtype:
+    """The common dtype of every output value (float when rows may be null)."""
+    dtype = np.result_type(*[np.dtype(out.dtype) for out in signature.outputs])
+    return nullable_dtype(dtype) if nullable else dtype
+
+
+def flat_outputs(scored: Scored, nullable: bool = False) -> np.ndarray:
+    """``(rows, values)``: every output flattened, side by side, in signature order, of
+    :func:`flat_dtype`; invalid rows NaN (they need ``nullable``, a float dtype)."""
+    dtype = flat_dtype(scored.signature, nullable)
+    flat = np.concatenate([o.reshape(len(o), -1) for o in scored.outputs], axis=1).astype(
+        dtype, copy=False)
+    return flat if scored.invalid is None else _full(flat, scored.invalid)
+
+
+# --- Python rows ---------------------------------------------------------------------
+
+def to_rows(scored: Scored) -> Iterator[Any]:
+    """One value per row: a float for single-unit outputs, an array otherwise, a dict for
+    multi-output models; None for invalid rows."""
+    sig = scored.signature
+    k = 0
+    invalid = scored.invalid if scored.invalid is not None else np.zeros(scored.rows, bool)
+    for bad in invalid:
+        if bad:
+            yield None
+            continue
+        values = [o[k].reshape(()).item() if is_scalar_output(s) else o[k]
+                  for o, s in zip(scored.outputs, sig.outputs)]
+        k += 1
+        yield dict(zip(sig.output_names, values)) if sig.output_names else values[0]

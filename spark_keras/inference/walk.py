@@ -1,0 +1,259 @@
+"""One pass over one Arrow input column: which rows are invalid and, for the others, the
+values of one model input, without per-row Python objects.
+
+A row is invalid when it is null, holds a null at any nesting level, has the wrong number
+of values at some level, or holds NaN/infinity. Column-level problems (a string column, a
+scalar column for a vector input) are not row problems: they raise at once.
+
+Accepted columns: numbers; (nested) lists or fixed-size lists of numbers, of the input's
+shape or flattened at the innermost level; ``pyspark.ml.linalg`` Vectors in their Arrow
+form (struct of type/size/indices/values), dense or sparse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ModelInputError
+from .signature import TensorSpec
+
+VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
+NULL_POLICY_HINT = "on_invalid='null' gives such rows a null prediction"
+
+
+def kind(t: pa.DataType) -> str:
+    """``"list"``, ``"vector"`` (an ML Vector), ``"struct"``, ``"number"`` or ``"other"``."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return "list"
+    if pa.types.is_struct(t):
+        return "vector" if {f.name for f in t} >= VECTOR_FIELDS else "struct"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "number"
+    return "other"
+
+
+@dataclass
+class _Problem:
+    rows: np.ndarray  # bool, True = this problem affects the row
+    describe: Callable[[int, str], str]  # (row index, "row 5 of this batch") -> text
+
+
+@dataclass
+class ColumnRead:
+    """The result of reading one column for one model input."""
+
+    name: str
+    spec: TensorSpec
+    n: int
+    leaf: np.ndarray  # flat values (a view of the Arrow buffers where possible)
+    starts: np.ndarray | None  # first value of each row in ``leaf``; None: row i at i * size
+    problems: list[_Problem] = field(default_factory=list)
+    column_note: str = ""  # appended to row errors (e.g. "expects 3 features")
+
+    @property
+    def invalid(self) -> np.ndarray | None:
+        """True for rows that cannot be scored; None when every row is valid."""
+        if not self.problems:
+            return None
+        mask = self.problems[0].rows.copy()
+        for p in self.problems[1:]:
+            mask |= p.rows
+        return mask if mask.any() else None
+
+    def values(self, keep: np.ndarray | None = None) -> np.ndarray:
+        """``(rows, *spec.shape)`` for all rows, or the rows where ``keep`` is True, cast to
+        the input dtype (zero-copy when every row is kept and the layout allows)."""
+        size, shape = self.spec.size, self.spec.shape
+        if self.starts is None:
+            flat = self.leaf[: self.n * size].reshape((self.n, size))
+            if keep is not None:
+                flat = flat[keep]
+        else:
+            starts = self.starts if keep is None else self.starts[keep]
+            flat = self.leaf[starts[:, None] + np.arange(size)]
+        return flat.reshape((len(flat), *shape)).astype(self.spec.dtype, copy=False)
+
+    def error(self, where: str, first_row: int = 0) -> ModelInputError:
+        """The error for this column's first invalid row (call when :attr:`invalid`);
+        rows are numbered from ``first_row`` within ``where`` ("batch", "partition")."""
+        mask = self.invalid
+        assert mask is not None
+        row = int(np.argmax(mask))
+        problem = next(p for p in self.problems if p.rows[row])
+        count = int(mask.sum())
+        at = f"row {first_row + row} of this {where}"
+        return ModelInputError(
+            f"column {self.name!r}: {problem.describe(row, at)} ({count} invalid row(s) in "
+            f"this {where}); the model input {self.spec.name!r} expects {self.spec.describe()} "
+            f"per row{self.column_note} ({NULL_POLICY_HINT})")
+
+
+def _any_in(flags: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each row's range [lo, hi) of elements: is any flag set?"""
+    counts = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
+    return counts[hi] > counts[lo]
+
+
+def _nulls(arr: pa.Array) -> np.ndarray:
+    return np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _level_widths(depth: int, shape: tuple[int, ...]) -> list[int]:
+    """Expected list length at each nesting level: the input's dimensions, the innermost
+    level holding all remaining ones (a flat array for an image input is fine)."""
+    widths = []
+    for level in range(depth):
+        if level == depth - 1:
+            widths.append(int(np.prod(shape[level:], dtype=np.int64)))
+        else:
+            widths.append(shape[level] if level < len(shape) else 1)
+    return widths
+
+
+def _depth(t: pa.DataType) -> int:
+    depth = 0
+    while kind(t) == "list":
+        t, depth = t.value_type, depth + 1
+    return depth
+
+
+def not_numbers(name: str, t: pa.DataType, spec: TensorSpec) -> ModelInputError:
+    leaf, what = t, "has type"
+    while kind(leaf) == "list":
+        leaf, what = leaf.value_type, "holds arrays of"
+    return ModelInputError(
+        f"column {name!r} {what} {leaf if what != 'has type' else t}; the model input "
+        f"{spec.name!r} expects numbers ({spec.describe()} per row)")
+
+
+def read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
+    """Read ``arr`` (any accepted kind) as rows of the model input ``spec``."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    k = kind(arr.type)
+    if k == "vector":
+        return _read_vectors(name, arr, spec)
+    depth = _depth(arr.type)
+    leaf_type = arr.type
+    for _ in range(depth):
+        leaf_type = leaf_type.value_type
+    if kind(leaf_type) != "number":
+        raise not_numbers(name, arr.type, spec)
+    if depth == 0 and spec.size != 1:
+        raise ModelInputError(
+            f"column {name!r}: each row holds 1 value (a {arr.type} column); the model input "
+            f"{spec.name!r} expects {spec.describe()} ({spec.size} values) per row: pass an "
+            f"array column, or {spec.size} scalar columns")
+    n = len(arr)
+    problems: list[_Problem] = []
+    if arr.null_count:
+        problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    lo = np.arange(n, dtype=np.int64)
+    hi = lo + 1
+    widths = _level_widths(depth, spec.shape)
+    contiguous = True
+    for level, width in enumerate(widths):
+        if pa.types.is_fixed_size_list(arr.type):
+            size = arr.type.list_size
+            offsets = (arr.offset + np.arange(len(arr) + 1, dtype=np.int64)) * size
+            lengths = None if size == width else np.full(len(arr), size)
+        else:
+            offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
+            lengths = np.diff(offsets)
+            lengths = lengths if (lengths != width).any() else None
+        if lengths is not None:
+            problems.append(_width_problem(lengths != width, lengths, lo, hi, level, depth,
+                                           width, n))
+            contiguous = False
+        lo, hi = offsets[lo], offsets[hi]
+        arr = arr.values
+        if arr.null_count:
+            problems.append(_Problem(_any_in(_nulls(arr), lo, hi),
+                                     lambda r, at: f"null array element(s), first at {at}"))
+    first = int(lo[0]) if n else 0
+    last = int(hi[-1]) if n else 0
+    leaf_arr = arr.slice(first, last - first)
+    leaf = leaf_arr.to_numpy(zero_copy_only=False)
+    if leaf.dtype.kind == "f":
+        finite = np.isfinite(leaf)
+        if not finite.all():
+            nonfinite = ~finite
+            if leaf_arr.null_count:  # nulls read as NaN: not a second problem
+                nonfinite &= ~_nulls(leaf_arr)
+            problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first),
+                                     lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    starts = None if contiguous else lo - first
+    return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
+
+
+def _width_problem(wrong: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                   level: int, depth: int, width: int, n: int) -> _Problem:
+    rows = _any_in(wrong, lo, hi)
+    uniform = rows.all() and depth == 1 and len(np.unique(lengths[lo])) == 1
+
+    def describe(r: int, at: str) -> str:
+        got = int(lengths[lo[r]:hi[r]][wrong[lo[r]:hi[r]]][0])
+        if uniform:
+            return f"each row holds {got} values"
+        level_note = f" at nesting level {level}" if depth > 1 else ""
+        return f"ragged arrays: {at} has {got} values{level_note} where {width} are expected"
+
+    return _Problem(rows, describe)
+
+
+def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
+    """ML Vectors (type 1 dense, type 0 sparse) as a dense matrix of ``spec.size`` features."""
+    n, size = len(arr), spec.size
+    fields = dict(zip((f.name for f in arr.type), arr.flatten()))  # offsets applied
+    values = fields["values"]
+    if kind(values.type) != "list" or kind(values.type.value_type) != "number":
+        raise not_numbers(name, values.type, spec)
+    problems: list[_Problem] = []
+    if arr.null_count:
+        problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    dense = fields["type"].fill_null(1).to_numpy(zero_copy_only=False) == 1
+    sizes = fields["size"].fill_null(size).to_numpy(zero_copy_only=False).astype(np.int64)
+    v_off = values.offsets.to_numpy().astype(np.int64)
+    lengths = np.diff(v_off)
+    misshapen = np.where(dense, lengths, sizes) != size
+
+    def describe_shape(r: int, at: str) -> str:
+        what = f"has {int(lengths[r])} values" if dense[r] else f"has size {int(sizes[r])}"
+        return f"the {'dense' if dense[r] else 'sparse'} vector at {at} {what}"
+
+    problems.append(_Problem(misshapen, describe_shape))
+    rows = np.repeat(np.arange(n), lengths)
+    position = np.arange(len(rows)) - np.repeat(v_off[:-1] - v_off[0], lengths)
+    cols = position.copy()
+    sparse_value = np.repeat(~dense, lengths)
+    if sparse_value.any():
+        indices = fields["indices"]
+        i_off = indices.offsets.to_numpy().astype(np.int64)
+        i_flat = indices.values.fill_null(-1).to_numpy(zero_copy_only=False)
+        cols[sparse_value] = i_flat[(np.repeat(i_off[:-1], lengths) + position)[sparse_value]]
+        outside = (cols < 0) | (cols >= size)
+        problems.append(_Problem(
+            np.bincount(rows[outside], minlength=n).astype(bool),
+            lambda r, at: f"the sparse vector at {at} has an index outside 0..{size - 1}"))
+    flat_values = values.values.slice(int(v_off[0]), int(v_off[-1] - v_off[0]))
+    if flat_values.null_count:
+        problems.append(_Problem(np.bincount(rows[_nulls(flat_values)], minlength=n).astype(bool),
+                                 lambda r, at: f"null array element(s), first at {at}"))
+    got = flat_values.to_numpy(zero_copy_only=False)
+    nonfinite = ~np.isfinite(got)
+    if nonfinite.any():
+        problems.append(_Problem(np.bincount(rows[nonfinite], minlength=n).astype(bool),
+                                 lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    problems = [p for p in problems if p.rows.any()]
+    bad = np.zeros(n, dtype=bool)
+    for p in problems:
+        bad |= p.rows
+    take = ~bad[rows]
+    out = np.zeros((n, size), dtype=np.float64)
+    out[rows[take], cols[take]] = got[take]
+    return ColumnRead(name, spec, n, out.reshape(-1), None, problems,
+                      column_note=f", i.e. {size} features")
