@@ -8,7 +8,15 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .cache import cache_info, configure_cache  # noqa: E402
-from .errors import ModelInputError, PayloadError, SparkKerasError, StorageError  # noqa: E402
+from .errors import (  # noqa: E402
+    ArgumentError,
+    ArgumentTypeError,
+    ModelError,
+    ModelInputError,
+    PayloadError,
+    SparkKerasError,
+    StorageError,
+)
 from .payload import dumps, is_payload, load, loads, make_picklable, save  # noqa: E402
 
 __all__ = [
@@ -26,6 +34,9 @@ __all__ = [
     "PayloadError",
     "StorageError",
     "ModelInputError",
+    "ModelError",
+    "ArgumentError",
+    "ArgumentTypeError",
 ]
 
 

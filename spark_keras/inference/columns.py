@@ -55,7 +55,7 @@ _VECTOR_FIELD_TYPES = {"type": pa.int8(), "size": pa.int32(), "indices": pa.list
 def pandas_to_arrow(name: str, series: Any) -> pa.Array:
     """A pandas column as Arrow: numbers zero-copy, array cells as lists, a struct (a
     DataFrame, as pandas UDFs receive structs and ML Vectors) as a struct, pyspark ML
-    Vector objects as lists. pandas' missing values (None, NaN) become nulls."""
+    Vector objects as lists. None and ``pd.NA`` become nulls; NaN stays a (NaN) value."""
     if hasattr(series, "columns"):
         fields = [str(c) for c in series.columns]
         children = [pandas_to_arrow(f"{name}.{c}", series[c]) for c in series.columns]
@@ -72,8 +72,8 @@ def pandas_to_arrow(name: str, series: Any) -> pa.Array:
             return _cells_to_arrow(name, [None if v is None else v.toArray() for v in values])
         if isinstance(first, np.ndarray) and first.ndim > 1:
             return _cells_to_arrow(name, list(values))
-    try:
-        arr = pa.Array.from_pandas(series)
+    try:  # NaN stays NaN (as in Spark and numpy data); None and pd.NA are nulls
+        arr = pa.array(series, from_pandas=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ModelInputError(f"column {name!r} cannot be read as numbers: {exc}") from exc
     if pa.types.is_null(arr.type):  # every row missing: an array column lost its type
@@ -190,8 +190,17 @@ def from_rows(rows: Sequence[Any], signature: Signature, first_row: int = 0) -> 
     with one value per model input, or a dict keyed by input name."""
     names = [s.name for s in signature.inputs]
     parts = [_row_parts(row, len(names), names, first_row + i) for i, row in enumerate(rows)]
-    return [Column(name, _cells_to_arrow(name, [p[j] for p in parts], first_row, "partition"))
-            for j, name in enumerate(names)]
+    labels = _field_names(rows, len(names)) or names
+    return [Column(label, _cells_to_arrow(label, [p[j] for p in parts], first_row, "partition"))
+            for j, label in enumerate(labels)]
+
+
+def _field_names(rows: Sequence[Any], count: int) -> list[str] | None:
+    """The column names Spark Rows (or dicts) carry, to name the column at fault."""
+    first = rows[0] if rows else None
+    keys = list(first.asDict() if hasattr(first, "asDict") else
+                first if isinstance(first, dict) else [])
+    return [str(k) for k in keys] if len(keys) == count else None
 
 
 def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str], index: int) -> list[Any]:

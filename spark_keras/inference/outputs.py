@@ -110,7 +110,8 @@ def flat_outputs(scored: Scored, nullable: bool = False) -> np.ndarray:
     """``(rows, values)``: every output flattened, side by side, in signature order, of
     :func:`flat_dtype`; invalid rows NaN (they need ``nullable``, a float dtype)."""
     dtype = flat_dtype(scored.signature, nullable)
-    flat = np.concatenate([o.reshape(len(o), -1) for o in scored.outputs], axis=1).astype(
+    flat = np.concatenate([o.reshape(len(o), s.size) for o, s in
+                           zip(scored.outputs, scored.signature.outputs)], axis=1).astype(
         dtype, copy=False)
     return flat if scored.invalid is None else _full(flat, scored.invalid)
 
