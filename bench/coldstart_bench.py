@@ -319,7 +319,8 @@ def run(quick: bool = False) -> list[dict]:
     """Rows for the table; both daemons alternate, one session each per round."""
     import keras
 
-    from .scoring_bench import Workload, actor_model, mlp_model
+    from .models import actor_model, mlp_model
+    from .scoring_bench import Workload
 
     models = {"MLP": mlp_model(), "CNN": actor_model()}
     shapes = {"MLP": (64,), "CNN": (120, 160, 2)}

@@ -21,6 +21,8 @@ import spark_keras as sk
 from spark_keras.dask import PRELOAD_ENV, ship
 from spark_keras.inference import signature_of
 
+from .models import actor_model
+
 MODULE = "bench.dask_bench"  # what the workers preload
 
 
@@ -49,13 +51,7 @@ def _tower() -> keras.Model:
     return model
 
 
-def _actor() -> keras.Model:
-    from tests.models import actor_cnn
-
-    return actor_cnn()
-
-
-MODELS: dict[str, Callable[[], keras.Model]] = {"actor CNN": _actor, "subclassed Tower": _tower}
+MODELS: dict[str, Callable[[], keras.Model]] = {"actor CNN": actor_model, "subclassed Tower": _tower}
 
 
 def _score(model: Any, x: np.ndarray) -> float:

@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .models import actor_model, mlp_model
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -33,21 +35,6 @@ class Workload:
     rows: int
     batch_size: int
     variants: tuple[str, ...]  # "array", "scalars", "vector"
-
-
-def mlp_model():
-    import keras
-
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
-                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)],
-                            name="mlp_64_256_256_1")
-
-
-def actor_model():
-    sys.path.insert(0, ROOT)
-    from tests.models import actor_cnn
-
-    return actor_cnn()
 
 
 def workloads(quick: bool) -> list[Workload]:

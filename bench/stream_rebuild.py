@@ -48,6 +48,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from .models import actor_model, big_mlp_model, mlp_model
 from .sessions import local_session, start_seconds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -57,34 +58,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --- models --------------------------------------------------------------------------------
 
-def mlp_model():
-    """The scoring section's MLP (docs/benchmarks.md)."""
-    import keras
-
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
-                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)],
-                            name="mlp_64_256_256_1")
-
-
-def big_mlp_model():
-    """A 100 MB MLP: the map does not grow with the weights, the copy and the write do."""
-    import keras
-
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(4096, activation="relu"),
-                             keras.layers.Dense(4096, activation="relu"),
-                             keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(1)],
-                            name="mlp_100mb")
-
-
-def cnn_model():
-    sys.path.insert(0, ROOT)
-    from tests.models import actor_cnn
-
-    return actor_cnn()
-
-
 # name, builder, input shape, rows per prediction
-MODELS = [("MLP", mlp_model, (64,), 64), ("CNN (actor)", cnn_model, (120, 160, 2), 8),
+MODELS = [("MLP", mlp_model, (64,), 64), ("CNN (actor)", actor_model, (120, 160, 2), 8),
           ("MLP 100 MB", big_mlp_model, (64,), 64)]
 
 
@@ -236,7 +211,7 @@ def part2(trigger_seconds: int, batches: int) -> tuple[list[dict], float]:
     try:
         write_stream_inputs(os.path.join(work, "in"), batches)
         handles = {"MLP": sk.BroadcastModel(spark, mlp_model()),
-                   "CNN (actor)": sk.BroadcastModel(spark, cnn_model())}
+                   "CNN (actor)": sk.BroadcastModel(spark, actor_model())}
         stream = (spark.readStream.schema("id long, x_mlp array<float>, x_cnn array<float>")
                   .option("maxFilesPerTrigger", 1).parquet(os.path.join(work, "in")))
         scored = handles["MLP"].transform(stream, "x_mlp", "p_mlp")
