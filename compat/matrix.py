@@ -44,11 +44,12 @@ LEGS = [
          "tests/test_spark_main_objects.py", "tests/test_spark_reliability.py",
          "tests/test_score_job.py", "tests/test_spark_inputs.py",
          "tests/test_spark_shared_weights.py", "tests/test_spark_daemon.py",
-         "tests/test_spark_ml.py"]),
+         "tests/test_spark_ml.py", "tests/test_spark_struct_inputs.py"]),
     # tf-keras 2.21 depends on `tensorflow`; this project pins the identical CPU build
     # `tensorflow-cpu`, so tf-keras goes in without dependencies instead of pulling a
     # second TensorFlow over the first.
-    Leg("spark43-tfkeras", ".venv-tfkeras", {}, "test", ["tests/test_tf_keras.py"],
+    Leg("spark43-tfkeras", ".venv-tfkeras", {}, "test",
+        ["tests/test_tf_keras.py", "tests/test_quiet.py"],
         env={"TF_USE_LEGACY_KERAS": "1"}, no_deps=["tf-keras==2.21.0"]),
 ]
 

@@ -21,8 +21,10 @@ REPLICATE = 40  # 360 test images x 40 = 14,400 rows
 
 
 def train(model_path: str, data_path: str) -> float:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    from spark_keras.quiet import quiet_tensorflow_startup
+
+    with quiet_tensorflow_startup():  # TensorFlow's start-up lines that the log level hides
+        import keras
     import numpy as np
     import pandas as pd
     from sklearn.datasets import load_digits
@@ -55,6 +57,9 @@ def train(model_path: str, data_path: str) -> float:
 
 
 def main() -> int:
+    # TensorFlow's native INFO and WARNING lines off, here and (inherited through
+    # spark-submit, and spark.executorEnv in conf/spark-defaults.conf) in the job
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
     model_path = os.path.join(OUT, "digits.keras")

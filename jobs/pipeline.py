@@ -60,7 +60,10 @@ def make_data(rows: int, seed: int = 0):
 def train(frame):
     """A small Keras classifier, trained on the features standardized as Spark's
     StandardScaler(withMean=True) does (sample standard deviation)."""
-    import keras
+    from spark_keras.quiet import quiet_tensorflow_startup
+
+    with quiet_tensorflow_startup():  # TensorFlow's start-up lines that the log level hides
+        import keras
 
     x = frame[FEATURES].to_numpy()
     x = ((x - x.mean(axis=0)) / x.std(axis=0, ddof=1)).astype("float32")
@@ -88,7 +91,7 @@ def session(master: str):
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.python.daemon.module", "spark_keras.spark.daemon")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
              .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -103,7 +106,7 @@ def read_data(spark, path: str, partitions: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # driver and (executorEnv) workers
     started = time.perf_counter()
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out)

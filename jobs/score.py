@@ -47,6 +47,7 @@ from typing import Any, Protocol
 logger = logging.getLogger("spark_keras.jobs.score")
 
 APP_NAME = "spark-keras-score"
+LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +94,10 @@ def _session(master: str | None):
         # executors must run the driver's Keras flavour (Keras 3 or legacy tf-keras)
         legacy = os.environ.get("TF_USE_LEGACY_KERAS", "0")
         builder = builder.config("spark.executorEnv.TF_USE_LEGACY_KERAS", legacy)
+    if conf.get("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", None) is None:
+        # executors log TensorFlow's native lines as the driver does
+        builder = builder.config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL",
+                                 os.environ.get(LOG_LEVEL_ENV, "2"))
     if not os.environ.get("SPARK_KERAS_BUILD_LOG"):
         build_log = tempfile.mkdtemp(prefix="spark_keras_builds_")
         builder = builder.config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
@@ -292,7 +297,10 @@ def _builds_per_worker(folder: str | None) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     import spark_keras as sk
+    from spark_keras import flavour
+    from spark_keras.quiet import quiet_tensorflow_startup
 
+    os.environ.setdefault(LOG_LEVEL_ENV, "2")  # TensorFlow's INFO and WARNING lines: off
     spark, paths = _open(args)
     try:
         df = _read(spark, paths, args.input, args.format)
@@ -301,6 +309,8 @@ def run(args: argparse.Namespace) -> dict:
         if missing:
             raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
         try:  # a local path, or a URI the executors read from storage themselves
+            with quiet_tensorflow_startup():  # start-up lines the log level hides
+                flavour.current()  # imports Keras and TensorFlow
             handle = sk.BroadcastModel(spark, args.model)
         except sk.SparkKerasError as exc:
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
@@ -352,7 +362,10 @@ def _reason(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # spark_keras's progress lines; other libraries' (py4j...) only from WARNING up
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("spark_keras").setLevel(logging.INFO)
     args = parse_args(argv)
     try:
         summary = run(args)

@@ -75,7 +75,10 @@ def write_inputs(folder: str, files: int, rows: int) -> None:
 
 
 def train():
-    import keras
+    from spark_keras.quiet import quiet_tensorflow_startup
+
+    with quiet_tensorflow_startup():  # TensorFlow's start-up lines that the log level hides
+        import keras
 
     keras.utils.set_random_seed(0)
     x, y = draw(seed=0, rows=4000)
@@ -102,7 +105,7 @@ def session(master: str, build_log: str):
              .config("spark.executorEnv.TF_NUM_INTRAOP_THREADS", "1")
              .config("spark.executorEnv.TF_NUM_INTEROP_THREADS", "1")
              .config("spark.executorEnv.OMP_NUM_THREADS", "1")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
              .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -111,7 +114,7 @@ def session(master: str, build_log: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # driver and (executorEnv) workers
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="spark_keras_stream_")
     if os.path.exists(out) and os.listdir(out):

@@ -162,10 +162,14 @@ class TfKerasRuntime(Runtime):
                      ) -> CompiledCall:
         return _traced_call(fn, input_specs)
 
+    def load_model(self, path: str, *, custom_objects: Mapping[str, Any] | None,
+                   safe_mode: bool) -> Any:
+        self.state.quiet_autograph(custom_objects)  # classes shipped by value: no warnings
+        return super().load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
+
 
 _KERAS3_BY_BACKEND: dict[str, type[Keras3Runtime]] = {"tensorflow": Keras3TensorFlowRuntime}
 _FLAVOURS: dict[str, type[Runtime]] = {KERAS3: Keras3Runtime, TF_KERAS: TfKerasRuntime}
-
 
 def legacy_requested() -> bool:
     """True if ``TF_USE_LEGACY_KERAS`` asks for tf-keras."""
@@ -174,12 +178,16 @@ def legacy_requested() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def current() -> Runtime:
-    """The Keras runtime of this process (imports Keras on first call)."""
-    if legacy_requested():
-        import tf_keras
+    """The Keras runtime of this process (imports Keras on first call, without the
+    start-up lines ``TF_CPP_MIN_LOG_LEVEL`` hides: :mod:`spark_keras.quiet`)."""
+    from .quiet import quiet_tensorflow_startup
 
-        return TfKerasRuntime(tf_keras.__version__, "tensorflow", tf_keras)
-    import keras
+    with quiet_tensorflow_startup():
+        if legacy_requested():
+            import tf_keras
+
+            return TfKerasRuntime(tf_keras.__version__, "tensorflow", tf_keras)
+        import keras
 
     backend = keras.backend.backend()
     return _KERAS3_BY_BACKEND.get(backend, Keras3Runtime)(keras.__version__, backend, keras)

@@ -25,7 +25,7 @@ def preload() -> list[str]:
     Raises:
         SparkKerasError: a listed module cannot be imported.
     """
-    flavour.current()  # imports Keras (or tf-keras), and its backend
+    flavour.current()  # imports Keras (or tf-keras), and its backend, quietly
     names = preload_names()
     for name in names:
         try:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Callable, Mapping
 
+from .. import flavour
 from ..errors import PayloadError
 from . import format as fmt
 from . import host_file, mapped
@@ -54,7 +55,10 @@ class Shipment:
         """The custom classes and functions shipped with the model (unpickled here)."""
         import pickle
 
-        return pickle.loads(self.objects) if self.objects else None
+        if not self.objects:
+            return None
+        flavour.current()  # Keras first, quietly: the classes' modules import it
+        return pickle.loads(self.objects)
 
     def build(self) -> tuple[Any, int, dict[str, Any]]:
         """``(model, payload size, weight memory)``, as :meth:`ModelCache.get_or_build`

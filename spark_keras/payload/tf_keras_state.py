@@ -7,14 +7,20 @@ assets are covered; only the stores differ (dicts of numpy arrays instead of HDF
 
 One improvement over tf-keras's ``load_model``: it restores a compiled model's optimizer
 slots (tf-keras builds optimizers lazily, so its loader skips them with a warning).
+
+Another: classes that arrived by value (cloudpickled from the driver's ``__main__``) do not
+make AutoGraph warn that their source code cannot be found (:func:`quiet_autograph`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import os
+import sys
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 from tf_keras.src.saving import saving_lib
@@ -27,7 +33,7 @@ from tf_keras.src.saving.serialization_lib import (
 )
 
 from ..errors import PayloadError
-from .assets import Assets, asset_folder, read_tree
+from .assets import Assets, asset_store, read_tree
 from .round_trip import constructor_takes_arguments
 
 logger = logging.getLogger("spark_keras")
@@ -103,15 +109,13 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
     loaded into it (the payload checksum is verified there).
     """
     compile_config = config.pop("compile_config", None)
+    quiet_autograph(custom_objects)
     visited: set[int] = set()
     with contextlib.ExitStack() as stack:
         stack.enter_context(_v3_saving())
-        folder = stack.enter_context(asset_folder(assets))
-        assets_store = saving_lib.DiskIOStore(folder, mode="r") if folder else None
+        assets_store = stack.enter_context(asset_store(assets, saving_lib))
         store = MemoryStore(entries)
-        with ObjectSharingScope():
-            model = deserialize_keras_object(config, custom_objects=custom_objects,
-                                             safe_mode=safe_mode)
+        model = _from_config(config, custom_objects, safe_mode)
         if before_state is not None:
             before_state()
         saving_lib._load_state(model, weights_store=store, assets_store=assets_store,
@@ -121,6 +125,75 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
                 model.compile_from_config(compile_config)
             _restore_optimizer(model, store, assets_store, visited)
     return model
+
+
+def _from_config(config: dict[str, Any], custom_objects: Any, safe_mode: bool) -> Any:
+    """The model (untrained) its config describes; shared objects built once."""
+    with ObjectSharingScope():
+        return deserialize_keras_object(config, custom_objects=custom_objects,
+                                        safe_mode=safe_mode)
+
+
+def quiet_autograph(objects: Mapping[str, Any] | None) -> None:
+    """Let AutoGraph run the shipped classes' methods whose source code this process
+    cannot read as they are, without first trying to convert them and warning.
+
+    tf-keras converts a subclassed layer's (or model's) ``call`` with AutoGraph whenever it
+    is called in a graph: while a functional model is rebuilt, in ``model.predict``...
+    AutoGraph needs the function's source code. A class defined in the driver's
+    ``__main__`` arrives by value (cloudpickle), and its source file is usually not on the
+    worker (another host, a notebook, ``python -c``, a deleted file), so AutoGraph logs
+    "AutoGraph could not transform <bound method ...> and will run it as-is. Cause: Unable
+    to locate the source code ..." (or "... could not get source code") once per method
+    and process, then calls the method unconverted. Marking such functions as AutoGraph
+    artifacts (what ``tf.autograph.experimental.do_not_convert``'s wrapper is) makes it
+    call them unconverted straight away: the same computation, no warning, no wrapper
+    (the method object and signature are unchanged). Functions whose source is readable
+    are left alone, so AutoGraph converts them as it always did. Works in place on the
+    classes and functions of ``objects`` (and their non-Keras base classes).
+    """
+    if not objects:
+        return
+    api = sys.modules.get("tensorflow.python.autograph.impl.api")
+    inspect_utils = sys.modules.get("tensorflow.python.autograph.pyct.inspect_utils")
+    if api is None or inspect_utils is None:  # AutoGraph not loaded: nothing will convert
+        return
+    seen: set[int] = set()
+    for obj in objects.values():
+        for function in _own_functions(obj):
+            if id(function) in seen or api.is_autograph_artifact(function):
+                continue
+            seen.add(id(function))
+            if os.path.isfile(function.__code__.co_filename):
+                continue  # a source file to read (the common case, checked cheaply)
+            try:
+                inspect_utils.getimmediatesource(function)  # what AutoGraph reads
+            except OSError:
+                api.autograph_artifact(function)
+            except Exception:  # noqa: BLE001  (AutoGraph would fail otherwise: leave it)
+                pass
+
+
+_LIBRARY_MODULES = ("tf_keras.", "keras.", "tensorflow.", "builtins")
+
+
+def _own_functions(obj: Any) -> Iterator[Any]:
+    """The plain functions ``obj`` is or defines (a class: its methods and those of its
+    bases, Keras's own classes excepted)."""
+    if inspect.isfunction(obj):
+        yield obj
+        return
+    if not isinstance(obj, type):
+        return
+    for klass in obj.__mro__:
+        module = getattr(klass, "__module__", "") or ""
+        if klass is object or module.startswith(_LIBRARY_MODULES):
+            continue
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if inspect.isfunction(value):
+                yield value
 
 
 def _restore_optimizer(model: Any, store: MemoryStore, assets_store: Any,

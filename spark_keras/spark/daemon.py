@@ -21,6 +21,12 @@ pyarrow loads (Keras imports pandas, pandas imports pyarrow); it is turned off w
 daemon preloads (``JE_ARROW_MALLOC_CONF=background_thread:false``, unless you set it), as
 it would be in any forked worker.
 
+While it preloads, anything printed goes to stderr (stdout is how the daemon tells Spark
+its port), less TensorFlow's native start-up lines that ``TF_CPP_MIN_LOG_LEVEL`` hides but
+TensorFlow prints before reading it (:mod:`spark_keras.quiet`):
+with ``spark.executorEnv.TF_CPP_MIN_LOG_LEVEL=2`` (conf/spark-defaults.conf), an executor
+prints no absl or oneDNN start-up lines.
+
 Before forking, the daemon freezes its objects out of the garbage collector's reach
 (``gc.freeze()``): a worker's collections then do not write to, and so copy, the pages it
 shares with the daemon.
@@ -49,7 +55,7 @@ _JEMALLOC_ENV = "JE_ARROW_MALLOC_CONF"
 # spark_keras's own worker-side modules (the stock daemon imports pyspark.worker only
 # after each fork: we import it once, before)
 _WORKER_MODULES = ("pyspark.worker", "spark_keras.payload.codec", "spark_keras.spark.scoring",
-                   "spark_keras.inference.arrow_tensors")
+                   "spark_keras.inference.outputs")
 
 
 def native_threads() -> list[str]:

@@ -1,0 +1,134 @@
+"""TensorFlow's start-up noise: the native lines its import prints (absl's "All log
+messages before absl::InitializeLog() ..." and oneDNN's notice) before it applies
+``TF_CPP_MIN_LOG_LEVEL``. :func:`quiet_tensorflow_startup`, around a first import, drops
+the ones that level hides, as TensorFlow would have; :func:`spark_keras.flavour.current`
+imports Keras inside it, so every spark_keras code path is quiet (README: Quiet logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from typing import Iterator
+
+LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+
+# absl's notice, printed (to file descriptor 2) with the first native log line of a
+# process when nothing has initialized absl logging yet: TensorFlow does not
+ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+# an absl log line, "I0000 00:00:1796090096.918610    1928 port.cc:153] oneDNN ...": its
+# severity letter (I, W, E; F lines are never dropped)
+ABSL_LINE = r"^([IWE])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] "
+
+# The filter runs in its own small process: were the importing process to abort (a
+# native fatal error), the filter still reads what it wrote and passes it on.
+_FILTER = r"""
+import os, re, sys
+level, banner, line = int(sys.argv[1]), sys.argv[2].encode(), re.compile(sys.argv[3].encode())
+rank = {b"I": 0, b"W": 1, b"E": 2}
+def keep(text):
+    if text.rstrip(b"\r") == banner:
+        return False
+    m = line.match(text)
+    return m is None or rank[m.group(1)] >= level
+out, pending = sys.stderr.buffer, b""
+while True:
+    chunk = os.read(0, 65536)
+    if not chunk:
+        break
+    *lines, pending = (pending + chunk).split(b"\n")
+    kept = b"".join(text + b"\n" for text in lines if keep(text))
+    if kept:
+        out.write(kept)
+        out.flush()
+if pending and keep(pending):
+    out.write(pending)
+    out.flush()
+"""
+
+
+def min_log_level() -> int:
+    """``TF_CPP_MIN_LOG_LEVEL`` as TensorFlow reads it (0: everything, 1: no INFO, 2: no
+    WARNING, 3: no ERROR)."""
+    try:
+        return int(os.environ.get(LOG_LEVEL_ENV, "0"))
+    except ValueError:
+        return 0
+
+
+@contextlib.contextmanager
+def quiet_tensorflow_startup() -> Iterator[None]:
+    """Around a first import of TensorFlow: drop the native start-up lines it prints
+    before applying ``TF_CPP_MIN_LOG_LEVEL`` that this level hides.
+
+    TensorFlow logs through absl; lines logged while its shared libraries load, before
+    TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL``, are printed whatever it says: oneDNN's
+    "oneDNN custom operations are on ..." (INFO, twice) and absl's "WARNING: All log
+    messages before absl::InitializeLog() is called are written to STDERR" ahead of each.
+    With the level at 1 or more, this drops absl's notice and the absl lines below the
+    level; everything else written to file descriptor 2 meanwhile (Python warnings,
+    errors, tracebacks) passes through unchanged and in order. Nothing is filtered at
+    level 0 (the default), if TensorFlow is already imported, or if the filter cannot
+    start. The filter is a small child process reading a pipe; it ends with the block.
+    """
+    if min_log_level() < 1 or "tensorflow" in sys.modules:
+        yield
+        return
+    global _filtering
+    with _FILTERING:  # one thread at a time: file descriptor 2 is the process's
+        if _filtering:  # nested in this thread: already filtered
+            yield
+            return
+        _filtering = True
+        try:
+            with _filtered_stderr(min_log_level()):
+                yield
+        finally:
+            _filtering = False
+
+
+_FILTERING = threading.RLock()
+_filtering = False
+
+
+@contextlib.contextmanager
+def _filtered_stderr(level: int) -> Iterator[None]:
+    if "tensorflow" in sys.modules:  # imported by another thread meanwhile
+        yield
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        yield
+        return
+    saved = None
+    try:
+        saved = os.dup(2)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _FILTER, str(level), ABSL_BANNER, ABSL_LINE],
+            stdin=read_fd, stdout=subprocess.DEVNULL, stderr=saved, close_fds=True)
+    except (OSError, ValueError):
+        for fd in (read_fd, write_fd, saved):
+            if fd is not None:
+                os.close(fd)
+        yield
+        return
+    os.close(read_fd)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last writer: the filter reads to the end
+        os.close(saved)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            # (a process started meanwhile may hold the pipe open: the filter then
+            # passes its output on until it exits)
+            proc.wait(timeout=10)

@@ -1,0 +1,222 @@
+"""Quiet by default: spark_keras's own code paths add no noise to the output.
+
+* Custom classes defined in the driver's ``__main__`` travel by value (cloudpickle), so no
+  source file backs them in workers; tf-keras's AutoGraph must not warn "Unable to
+  locate the source code" / "could not get source code" for them (the tf-keras case runs
+  in the tf-keras leg of ``make test-compat``).
+* TensorFlow's native start-up lines (absl's "All log messages before
+  absl::InitializeLog() ..." notice, oneDNN's notice), printed before TensorFlow reads
+  ``TF_CPP_MIN_LOG_LEVEL``, are dropped where spark_keras imports TensorFlow (the worker
+  daemon's and Dask's preload, the jobs), and nothing else is.
+
+Every case runs real processes (scripts run as ``__main__``, spawned children, Spark) and
+reads what they print.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spark_keras import flavour
+from spark_keras.quiet import ABSL_BANNER
+
+from .conftest import REPO_ROOT, submit_score_job
+
+AUTOGRAPH_NOISE = ("Unable to locate the source code", "could not get source code",
+                   "AutoGraph could not transform")
+STARTUP_NOISE = (ABSL_BANNER, "oneDNN custom operations are on", "cpu_feature_guard.cc")
+
+
+def noise(text: str, patterns=AUTOGRAPH_NOISE + STARTUP_NOISE) -> list[str]:
+    return [line for line in text.splitlines() if any(p in line for p in patterns)]
+
+
+def run(folder, source: str, timeout: int = 280, **env: str) -> subprocess.CompletedProcess:
+    """``source`` run as a fresh ``__main__`` script; TF_CPP_MIN_LOG_LEVEL=2 unless given."""
+    script = folder / "script.py"
+    script.write_text(textwrap.dedent(source))
+    full_env = dict(os.environ, PYTHONPATH=REPO_ROOT, PYSPARK_PYTHON=sys.executable,
+                    PYSPARK_DRIVER_PYTHON=sys.executable)
+    full_env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    full_env.update(env)
+    return subprocess.run([sys.executable, str(script)], cwd=folder, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# --- AutoGraph and classes shipped by value ----------------------------------------------
+
+MAIN_CLASSES = """
+import multiprocessing as mp
+import sys
+
+import cloudpickle
+import numpy as np
+import {keras} as keras
+import spark_keras as sk
+from spark_keras.multiprocessing import pool_predict
+
+
+class Gate(keras.layers.Layer):                  # custom layers living in __main__
+    def build(self, shape):
+        self.w = self.add_weight(name="w", shape=(shape[-1],), initializer="random_normal")
+
+    def call(self, x):
+        return x * keras.activations.sigmoid(self.w)
+
+
+class Sharpen(Gate):                             # ... inheriting one from __main__
+    def call(self, x):
+        return super().call(x) * 2.0
+
+
+def predict_in_child(blob, x, results):
+    model = cloudpickle.loads(blob)              # the classes by value, as Dask ships them
+    results.put(model.predict(x, verbose=0))     # a tf.function, AutoGraph on
+
+
+if __name__ == "__main__":
+    model = keras.Sequential([keras.Input((8,)), Gate(), Sharpen(), keras.layers.Dense(3)])
+    x = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")
+    expected = model.predict(x, verbose=0)
+
+    got = pool_predict(model, x, processes=2, batch_size=16)   # a spawned pool
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=1e-6)
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=predict_in_child,
+                        args=(cloudpickle.dumps(sk.make_picklable(model)), x, results))
+    child.start()
+    got = results.get(timeout=200)
+    child.join(60)
+    assert child.exitcode == 0, child.exitcode
+    assert np.array_equal(got, expected)         # the very same computation as here
+
+    if {spark}:
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.pyspark.python", sys.executable)
+                 .config("spark.python.daemon.module", "spark_keras.spark.daemon")
+                 .config("spark.executorEnv.PYTHONPATH", {root!r})
+                 .config("spark.executorEnv.TF_USE_LEGACY_KERAS", "1")
+                 .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+                 .config("spark.executorEnv.OMP_NUM_THREADS", "1").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        df = spark.createDataFrame([(i, x[i].tolist()) for i in range(len(x))],
+                                   "id long, f array<float>").repartition(4)
+        out = sk.BroadcastModel(spark, model).transform(df, "f").toPandas().sort_values("id")
+        np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), expected,
+                                   rtol=0, atol=1e-6)
+        spark.stop()
+    print("SHIPPED-OK")
+"""
+
+
+@pytest.mark.skipif(not flavour.legacy_requested(),
+                    reason="tf-keras leg: run with TF_USE_LEGACY_KERAS=1")
+def test_tf_keras_main_classes_reach_workers_without_autograph_warnings(tmp_path):
+    # a spawned pool, a spawned child calling predict, Spark executors: every one rebuilds
+    # the model with Gate and Sharpen unpickled by value (no source file behind them)
+    proc = run(tmp_path, MAIN_CLASSES.format(keras="tf_keras", spark=True, root=REPO_ROOT),
+               timeout=400)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SHIPPED-OK" in proc.stdout, output[-4000:]
+    assert noise(output, AUTOGRAPH_NOISE) == [], output[-4000:]
+
+
+@pytest.mark.skipif(flavour.legacy_requested(), reason="Keras 3 process only")
+def test_keras3_main_classes_reach_workers_without_autograph_warnings(tmp_path):
+    proc = run(tmp_path, MAIN_CLASSES.format(keras="keras", spark=False, root=REPO_ROOT))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SHIPPED-OK" in proc.stdout, output[-4000:]
+    assert noise(output, AUTOGRAPH_NOISE) == [], output[-4000:]
+
+
+# --- TensorFlow's start-up lines -----------------------------------------------------------
+
+PRELOAD = """
+import sys
+from spark_keras.preload import preload
+
+print("before the import", file=sys.stderr, flush=True)
+preload()                                        # what the worker daemon and Dask's hook run
+import tensorflow as tf
+
+print(float(tf.constant(1.0) + 1.0), "PRELOADED")
+"""
+
+
+def test_preload_drops_the_startup_lines_the_log_level_hides(tmp_path):
+    loud = run(tmp_path, PRELOAD, TF_CPP_MIN_LOG_LEVEL="0")
+    assert loud.returncode == 0 and "PRELOADED" in loud.stdout, loud.stderr[-4000:]
+    if not noise(loud.stderr, STARTUP_NOISE):
+        pytest.skip("this TensorFlow prints no native start-up lines")
+    quiet = run(tmp_path, PRELOAD)  # TF_CPP_MIN_LOG_LEVEL=2
+    assert quiet.returncode == 0 and "PRELOADED" in quiet.stdout, quiet.stderr[-4000:]
+    assert "before the import" in quiet.stderr
+    assert noise(quiet.stderr, STARTUP_NOISE) == [], quiet.stderr[-4000:]
+
+
+FILTERED = """
+import os, sys
+from spark_keras.quiet import ABSL_BANNER, quiet_tensorflow_startup
+
+with quiet_tensorflow_startup():
+    print("a Python line", file=sys.stderr, flush=True)
+    os.write(2, ABSL_BANNER.encode() + b"\\n")
+    os.write(2, b"I0000 00:00:1796090096.918610    1928 port.cc:153] an INFO line\\n"
+                b"W1201 01:55:33.123456    1928 some_file.cc:12] a WARNING line\\n"
+                b"E0000 00:00:1796090096.918610    1928 some_file.cc:13] an ERROR line\\n")
+    if os.environ.get("ABORT"):
+        os.write(2, b"F0000 00:00:1796090096.918610    1928 some_file.cc:14] a FATAL line\\n")
+        os.abort()
+    os.write(2, b"a last line without newline")
+print(", then after", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("level, kept", [
+    ("0", [ABSL_BANNER, "an INFO line", "a WARNING line", "an ERROR line"]),
+    ("1", ["a WARNING line", "an ERROR line"]),
+    ("2", ["an ERROR line"]),
+])
+def test_startup_filter_drops_only_absl_lines_below_the_level(tmp_path, level, kept):
+    proc = run(tmp_path, FILTERED, timeout=60, TF_CPP_MIN_LOG_LEVEL=level)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "a Python line" and lines[-1] == "a last line without newline, then after"
+    assert [line.split("] ")[-1] for line in lines[1:-1]] == kept, proc.stderr
+
+
+def test_startup_filter_passes_on_a_fatal_line_when_the_process_aborts(tmp_path):
+    proc = run(tmp_path, FILTERED, timeout=60, ABORT="1")
+    assert proc.returncode != 0
+    assert "a Python line" in proc.stderr and "a FATAL line" in proc.stderr, proc.stderr
+    assert "an ERROR line" in proc.stderr and "an INFO line" not in proc.stderr
+
+
+def test_score_job_prints_no_tensorflow_startup_lines(tmp_path):
+    # the `make demo` path: spark-submit jobs/score.py with conf/spark-defaults.conf; the
+    # driver imports TensorFlow, so does each executor's preloading worker daemon
+    keras = flavour.current().module
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.save(tmp_path / "model.keras")
+    x = np.random.default_rng(0).standard_normal((40, 4)).astype("float32")
+    pd.DataFrame({"id": np.arange(40), "f": list(x)}).to_parquet(tmp_path / "in.parquet")
+    proc = submit_score_job("--model", str(tmp_path / "model.keras"), "--input",
+                            str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
+                            "--features", "f", TF_CPP_MIN_LOG_LEVEL="2")
+    output = proc.stdout + proc.stderr  # spark-submit merges the driver's stderr into stdout
+    assert proc.returncode == 0 and "SCORED rows=40" in proc.stdout, output[-4000:]
+    assert "using the stock PySpark daemon" not in output, output[-4000:]
+    assert noise(output) == [], output[-4000:]
+    assert "py4j" not in output  # the job logs spark_keras's INFO lines, not py4j's
