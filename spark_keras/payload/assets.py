@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..errors import PayloadError
 
@@ -42,3 +42,11 @@ def asset_folder(assets: Assets) -> Iterator[str | None]:
     with tempfile.TemporaryDirectory(prefix="spark_keras_assets_") as tmp:
         write_tree(tmp, assets)
         yield tmp
+
+
+@contextlib.contextmanager
+def asset_store(assets: Assets, saving_lib: Any) -> Iterator[Any]:
+    """A Keras (``saving_lib`` of Keras 3 or tf-keras) reader of ``assets`` for
+    ``_load_state``, or None if there are none."""
+    with asset_folder(assets) as folder:
+        yield saving_lib.DiskIOStore(folder, mode="r") if folder else None

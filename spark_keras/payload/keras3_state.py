@@ -31,7 +31,7 @@ from keras.src.saving.serialization_lib import (
 )
 
 from ..errors import PayloadError
-from .assets import Assets, asset_folder, read_tree
+from .assets import Assets, asset_store, read_tree
 from .mapped import shared_tensor
 from .round_trip import constructor_takes_arguments
 
@@ -206,8 +206,7 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
     compile_config = config.pop("compile_config", None)
     visited: set[int] = set()
     with contextlib.ExitStack() as stack:
-        folder = stack.enter_context(asset_folder(assets))
-        assets_store = saving_lib.DiskIOStore(folder, mode="r") if folder else None
+        assets_store = stack.enter_context(asset_store(assets, saving_lib))
         store = MemoryStore("r", entries)
         with _skipping_initializers(share_weights) as pending:
             with ObjectSharingScope():

@@ -40,7 +40,7 @@ def is_connect(spark: Any) -> bool:
 
 
 def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | None = None
-                  ) -> "BroadcastTransport | ArtifactTransport | StorageTransport":
+                  ) -> "Transport":
     """How ``payload`` reaches ``spark``'s executors: from storage if the model has a
     URI (``stored``), else as a broadcast (classic) or a session artifact (Connect)."""
     if stored is not None:
@@ -50,10 +50,29 @@ def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | No
     return BroadcastTransport(getattr(spark, "sparkContext", spark), payload)
 
 
-class BroadcastTransport:
-    """The payload as a broadcast (classic Spark)."""
+class Transport:
+    """What every transport does; by default there is nothing to renew or release."""
 
-    rdds = True
+    rdds = True  # usable from rdd.mapPartitions (not on Spark Connect)
+
+    def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
+        """In a worker: ``(model, nbytes, memory)`` built from the shipped payload."""
+        raise NotImplementedError
+
+    def renew(self, blocking: bool) -> None:
+        """On the driver, after ``unpersist()``: workers will build again under a new key."""
+
+    def destroy(self, blocking: bool) -> None:
+        """On the driver: release what was shipped."""
+
+    @staticmethod
+    def forget(keys: list[str]) -> None:
+        """In a worker: remove the executor's files of released models."""
+        _discard_files(keys)
+
+
+class BroadcastTransport(Transport):
+    """The payload as a broadcast (classic Spark)."""
 
     def __init__(self, sc: Any, payload: bytes) -> None:
         self._sc = sc
@@ -76,11 +95,6 @@ class BroadcastTransport:
 
     def destroy(self, blocking: bool) -> None:
         self._broadcast.destroy(blocking)
-
-    @staticmethod
-    def forget(keys: list[str]) -> None:
-        """In a worker: remove the executor's files of released models."""
-        _discard_files(keys)
 
     def __reduce__(self) -> tuple:
         return (_broadcast_transport, (self._broadcast,))
@@ -119,8 +133,10 @@ def _forget_loaded_value(broadcast: Any) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class ArtifactTransport:
-    """The payload as a Spark Connect session artifact named ``name``."""
+class ArtifactTransport(Transport):
+    """The payload as a Spark Connect session artifact named ``name``. Connect cannot
+    remove an artifact: it stays until the session ends, and after ``unpersist()``
+    workers rebuild from the same file."""
 
     name: str
     rdds = False
@@ -153,20 +169,16 @@ class ArtifactTransport:
             raise PayloadError(f"the model artifact {self.name!r} cannot be loaded ({exc}); "
                                f"if it is damaged, create the BroadcastModel again") from exc
 
-    def renew(self, blocking: bool) -> None:
-        """Connect cannot remove an artifact: workers rebuild from the same file."""
-
-    def destroy(self, blocking: bool) -> None:
-        """The artifact stays until the Connect session ends (Connect cannot remove it)."""
-
     @staticmethod
     def forget(keys: list[str]) -> None:
         """Artifacts belong to the session: nothing to remove in a worker."""
 
 
 @dataclasses.dataclass(frozen=True)
-class StorageTransport:
-    """The payload read by each executor straight from storage (``stored.uri``)."""
+class StorageTransport(Transport):
+    """The payload read by each executor straight from storage (``stored.uri``). Nothing
+    to renew (workers read the file again under the handle's new key) or release but
+    the executors' files (removed by :meth:`forget`)."""
 
     stored: StoredModel
     rdds: bool = True
@@ -189,14 +201,3 @@ class StorageTransport:
                 raise
             raise PayloadError(f"the model read from {self.stored.uri!r} cannot be loaded: "
                                f"{exc}") from exc
-
-    def renew(self, blocking: bool) -> None:
-        """Nothing to renew: workers read the file again under the handle's new key."""
-
-    def destroy(self, blocking: bool) -> None:
-        """Nothing to release but the executors' files (removed by :meth:`forget`)."""
-
-    @staticmethod
-    def forget(keys: list[str]) -> None:
-        """In a worker: remove the executor's files of released models."""
-        _discard_files(keys)
