@@ -312,9 +312,7 @@ def run(args: argparse.Namespace) -> dict:
             with quiet_tensorflow_startup():  # start-up lines the log level hides
                 flavour.current()  # imports Keras and TensorFlow
             handle = sk.BroadcastModel(spark, args.model)
-        except sk.SparkKerasError as exc:
-            raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
-        except (OSError, ValueError) as exc:
+        except sk.SparkKerasError as exc:  # StorageError, PayloadError...
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
 
         scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,

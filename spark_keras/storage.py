@@ -204,7 +204,11 @@ def _load_keras(path: str, custom_objects: Mapping[str, Any] | None,
     from . import flavour
     from .payload import codec
 
-    model = flavour.current().load_model(path, custom_objects=custom_objects,
-                                         safe_mode=safe_mode)
+    try:
+        model = flavour.current().load_model(path, custom_objects=custom_objects,
+                                             safe_mode=safe_mode)
+    except Exception as exc:  # Keras raises ValueError, TypeError, BadZipFile...
+        raise PayloadError(f"Keras cannot load the .keras file {path!r}: "
+                           f"{type(exc).__name__}: {exc}") from exc
     return model, codec.dumps(model, custom_objects=custom_objects)
 

@@ -85,6 +85,12 @@ def test_missing_and_foreign_files_are_named(tmp_path, s3):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(sk.PayloadError, match="notes.txt' is neither a spark_keras payload nor a .keras"):
         storage.open_model(f"file://{tmp_path}/notes.txt")
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "broken.keras", "w") as archive:  # a zip, not a model
+        archive.writestr("config.json", "{not json")
+    with pytest.raises(sk.PayloadError, match=r"Keras cannot load the .keras file '.*broken.keras'"):
+        storage.open_model(tmp_path / "broken.keras")
 
 
 # --- on Spark ---------------------------------------------------------------------------
