@@ -1,8 +1,11 @@
-"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart] [--write]`.
+"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends] [--write]`.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
 others, and docs/benchmarks.png when it ran the scoring section.
+
+`PYTHONPATH=<dir> python -m bench` measures the spark_keras found in <dir> (say an older
+checkout): its entries go ahead of the working directory, which `python -m` puts first.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path[:0] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 from . import report  # noqa: E402
 
-SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart")
+SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends")
 
 
 def machine() -> str:
@@ -27,10 +31,19 @@ def machine() -> str:
     from spark_keras import flavour
 
     keras = flavour.current()
+    shown = getattr(keras, "display_name", "tf-keras" if _legacy() else "Keras")  # (older versions)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
             f"Python {platform.python_version()}, PySpark {pyspark.__version__}, "
-            f"{keras.display_name} {keras.version}")
+            f"{shown} {keras.version}")
+
+
+def _legacy() -> bool:
+    """Under tf-keras; ``Flavour.legacy`` where spark_keras has it (older versions do not)."""
+    from spark_keras import flavour
+
+    keras = flavour.current()
+    return getattr(keras, "legacy", keras.name == "tf_keras")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     from spark_keras import flavour
 
-    legacy = flavour.current().legacy
+    legacy = _legacy()
     if legacy and sections != ["payload"]:
         parser.error("under tf-keras (TF_USE_LEGACY_KERAS=1) only --only payload is available")
     started = time.perf_counter()
@@ -115,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in report.coldstart_targets(rows):
             print(line)
         section_done("coldstart")
+    if "frontends" in sections:
+        from . import frontends_bench
+
+        rows = frontends_bench.run(quick=args.quick)
+        results["frontends"] = rows
+        print("\n## Front-ends: predict_partition, pool_predict, predict_dask against the raw model "
+              "(MLP, batch 1024)\n")
+        print(report.table(rows, floatfmt="{:,.2f}"))
+        section_done("frontends")
     results["seconds"] = time.perf_counter() - started
     print(f"\nbench finished in {results['seconds']:.0f}s")
     if args.write:

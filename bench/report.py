@@ -159,6 +159,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "memory": "## Memory: N Python workers holding one model",
     "dask": "## Dask: sending a model to a task",
     "coldstart": "## Cold start: a fresh Python worker, stock daemon vs preloading daemon",
+    "frontends": "## Front-ends: predict_partition, pool_predict, predict_dask",
 }
 RUN_PREFIX = "_Measured by "
 
@@ -306,6 +307,20 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
             "than with the stock daemon.", "",
             table(results["coldstart"]), "", "Targets:", ""]
         blocks["coldstart"] = lines + [f"- {line}" for line in coldstart_targets(results["coldstart"])] + [""]
+    if "frontends" in results:
+        blocks["frontends"] = start("frontends") + [
+            "The MLP of the scoring section (64 float32 features, batch size 1024) scored "
+            "through each non-UDF front-end's public API, side by side with the model alone "
+            "(`model(x, training=False)` on numpy batches in one process; `x raw` is the ratio "
+            "to it): `df.select(\"features\").rdd.mapPartitions(bm.predict_partition).count()` "
+            "on local[2] (a cached DataFrame of 4 partitions, one TensorFlow thread per worker), "
+            "after a warm-up; `pool_predict(model, x, processes=2)` on a numpy array, the "
+            "spawn pool's start included (every call starts one); `predict_dask(ship(client, "
+            "model), ...).compute()` on a dask array and on a dask DataFrame of 64 scalar "
+            "columns, both persisted on a 2-worker LocalCluster in 4 chunks, after a warm-up. "
+            "Best of 2. Each front-end's predictions are compared with `model.predict` on a "
+            "few rows: the benchmark stops if one differs.", "",
+            table(results["frontends"], floatfmt="{:,.2f}"), ""]
     return blocks
 
 

@@ -30,7 +30,7 @@ def _quick_bench(*sections: str, timeout: int) -> str:
 
 
 def test_bench_quick_runs_and_prints_tables():
-    out = _quick_bench("payload", "scoring", "memory", "dask", timeout=900)
+    out = _quick_bench("payload", "scoring", "memory", "dask", "frontends", timeout=900)
     assert "loads speed-up" in out and "MLP 90MB" in out
     for method in ("predict_batch_udf", "closure pandas_udf", "BroadcastModel.predict_udf",
                    "BroadcastModel.transform", "hand-written mapInArrow (best case)",
