@@ -56,7 +56,7 @@ def pandas_to_arrow(name: str, series: Any) -> pa.Array:
     """A pandas column as Arrow: numbers zero-copy, array cells as lists, a struct (a
     DataFrame, as pandas UDFs receive structs and ML Vectors) as a struct, pyspark ML
     Vector objects as lists. None and ``pd.NA`` become nulls; NaN stays a (NaN) value."""
-    if hasattr(series, "columns"):
+    if hasattr(type(series), "columns"):  # a DataFrame (checked on the class: fast)
         fields = [str(c) for c in series.columns]
         children = [pandas_to_arrow(f"{name}.{c}", series[c]) for c in series.columns]
         children = [pa.nulls(len(a), _VECTOR_FIELD_TYPES[f])
@@ -66,6 +66,8 @@ def pandas_to_arrow(name: str, series: Any) -> pa.Array:
         return pa.StructArray.from_arrays(children, names=fields,
                                           mask=pa.array(missing) if missing.any() else None)
     values = series.to_numpy()
+    if values.dtype.kind in "iuf":  # numbers: zero-copy, NaN stays NaN
+        return pa.array(values)
     if values.dtype == object and len(values):
         first = next((v for v in values if v is not None), None)
         if hasattr(first, "toArray"):  # pyspark.ml.linalg vectors

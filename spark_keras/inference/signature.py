@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from .. import flavour
 from ..errors import ModelError
@@ -19,7 +19,7 @@ class TensorSpec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def describe(self) -> str:
         return f"{self.dtype} of shape {self.shape}"

@@ -152,6 +152,8 @@ def read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     problems: list[_Problem] = []
     if arr.null_count:
         problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    if depth == 0:
+        return _read_numbers(name, arr, spec, problems)
     lo = np.arange(n, dtype=np.int64)
     hi = lo + 1
     widths = _level_widths(depth, spec.shape)
@@ -188,6 +190,19 @@ def read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
                                      lambda r, at: f"NaN or infinite value(s), first at {at}"))
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
+
+
+def _read_numbers(name: str, arr: pa.Array, spec: TensorSpec,
+                  problems: list[_Problem]) -> ColumnRead:
+    """A scalar column: one element per row, so row problems are element problems."""
+    leaf = arr.to_numpy(zero_copy_only=False)
+    if leaf.dtype.kind == "f":
+        finite = np.isfinite(leaf)
+        if not finite.all():
+            nonfinite = ~finite if not arr.null_count else ~finite & ~_nulls(arr)
+            problems.append(_Problem(nonfinite,
+                                     lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    return ColumnRead(name, spec, len(arr), leaf, None, [p for p in problems if p.rows.any()])
 
 
 def _width_problem(wrong: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray,
