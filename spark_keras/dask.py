@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover
     raise ImportError("spark_keras.dask needs dask and distributed: "
                       "pip install 'spark-keras[dask]'") from exc
 
+from . import flavour
 from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
@@ -37,7 +38,7 @@ from .inference.engine import check_batch_size, check_on_invalid, score
 from .inference.outputs import flat_columns, flat_dtype, flat_outputs
 from .inference.predictor import DEFAULT_BATCH_SIZE
 from .inference.signature import Signature, model_outputs
-from .payload import host_file, mapped
+from .payload import host_file
 from .payload.shipment import Shipment
 from .preload import PRELOAD_ENV, preload
 
@@ -147,7 +148,7 @@ class _ModelPlugin(WorkerPlugin):
         self.folder: str | None = None
 
     def setup(self, worker: Any) -> None:
-        if mapped.supported():
+        if flavour.current().shares_weights:
             scratch = os.path.dirname(os.path.abspath(worker.local_directory))
             self.folder = os.path.join(scratch, "spark_keras")
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import flavour
 from .errors import SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
@@ -35,7 +36,7 @@ from .inference.engine import (
 from .inference.outputs import to_numpy
 from .inference.predictor import DEFAULT_BATCH_SIZE
 from .inference.signature import signature_of
-from .payload import host_file, mapped
+from .payload import host_file
 from .payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
@@ -104,7 +105,7 @@ def pool_predict(model: Any, data: Any, *,
     logger.info("pool_predict %s: %d rows in %d tasks, %d processes", handle.key, n,
                 len(chunks), min(processes, len(chunks)))
     with contextlib.ExitStack() as stack:
-        if share_weights and mapped.supported():
+        if share_weights and flavour.current().shares_weights:
             # the parent writes the payload file once; every child maps it
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="spark_keras_pool_"))
             host_file.land(folder, handle.key, len(shipment.payload), lambda: shipment.payload)

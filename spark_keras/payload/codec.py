@@ -68,7 +68,7 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
         "include_optimizer": bool(include_optimizer and compile_config),
     }
     data = fmt.pack(meta, pieces)
-    if state.relies_on_auto_config(model):
+    if round_trip.relies_on_auto_config(model):
         round_trip.verify(model, data, custom_objects, loads)
     return data
 
@@ -101,7 +101,7 @@ def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
     body_check = fmt.BodyCheck(unpacked)  # runs while Keras rebuilds the model
     try:
         config, entries, assets = _read_sections(unpacked)
-        sharing = {"share_weights": True} if share_weights and mapped.supported() else {}
+        sharing = {"share_weights": True} if share_weights and flavour.current().shares_weights else {}
         model = flavour.current().state.rebuild(config, entries, assets,
                                                 custom_objects=dict(custom_objects or {}),
                                                 safe_mode=safe_mode,

@@ -33,7 +33,6 @@ from keras.src.saving.serialization_lib import (
 from ..errors import PayloadError
 from .assets import Assets, asset_store, read_tree
 from .mapped import shared_tensor
-from .round_trip import constructor_takes_arguments
 
 Entries = dict[str, dict[str, np.ndarray]]  # saveable path -> {variable key: array}
 
@@ -247,12 +246,12 @@ def check_model_type(model: Any) -> None:
         )
 
 
-def relies_on_auto_config(model: Any) -> bool:
-    """A subclassed model using Keras's auto-config, whose constructor takes arguments."""
+def has_default_config(model: Any) -> bool:
+    """A subclassed model whose ``get_config`` is Keras's auto-config."""
     from keras.src.models.functional import Functional
     from keras.src.models.sequential import Sequential
     from keras.src.utils import python_utils
 
     if isinstance(model, (Functional, Sequential)):
         return False
-    return python_utils.is_default(model.get_config) and constructor_takes_arguments(type(model))
+    return python_utils.is_default(model.get_config)

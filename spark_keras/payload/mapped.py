@@ -22,15 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import flavour
 from ..errors import PayloadError
 
 ALIGNMENT = 64  # TensorFlow's EIGEN_MAX_ALIGN_BYTES on x86-64 and aarch64
-
-
-def supported() -> bool:
-    """True if this process can build models on shared weights (Keras 3, TensorFlow)."""
-    return flavour.current().shares_weights
 
 
 def map_file(path: str | os.PathLike, *, copy_on_write: bool = True) -> memoryview:

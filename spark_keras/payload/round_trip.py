@@ -16,6 +16,13 @@ from .. import flavour
 from ..errors import ModelError, PayloadError
 
 
+def relies_on_auto_config(model: Any) -> bool:
+    """A subclassed model using Keras's auto-config whose constructor takes arguments:
+    its config may not bring it back (check it with :func:`verify`)."""
+    return flavour.current().state.has_default_config(model) \
+        and constructor_takes_arguments(type(model))
+
+
 def constructor_takes_arguments(cls: type) -> bool:
     params = inspect.signature(cls.__init__).parameters.values()
     return any(p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)

@@ -34,7 +34,6 @@ from tf_keras.src.saving.serialization_lib import (
 
 from ..errors import PayloadError
 from .assets import Assets, asset_store, read_tree
-from .round_trip import constructor_takes_arguments
 
 logger = logging.getLogger("spark_keras")
 
@@ -226,11 +225,11 @@ def check_model_type(model: Any) -> None:
         )
 
 
-def relies_on_auto_config(model: Any) -> bool:
-    """A subclassed model using tf-keras's auto-config, whose constructor takes arguments."""
+def has_default_config(model: Any) -> bool:
+    """A subclassed model whose ``get_config`` is tf-keras's auto-config."""
     from tf_keras.src.engine.functional import Functional
     from tf_keras.src.utils import generic_utils
 
     if isinstance(model, Functional):  # Sequential included
         return False
-    return generic_utils.is_default(model.get_config) and constructor_takes_arguments(type(model))
+    return generic_utils.is_default(model.get_config)

@@ -111,8 +111,10 @@ class BroadcastModel(ModelHandle):
                     on_invalid: str = "error"):
         """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
 
-        Columns: one array/Vector/scalar column per model input, or several scalar columns
-        stacked as the features of a single-input model. The result is a scalar column
+        Columns: one array/Vector/scalar column per model input, several scalar columns
+        stacked as the features of a single-input model, or a struct column
+        (``udf(struct(*cols))``) whose fields are stacked the same way or matched by name
+        to a multi-input model's named inputs (see :mod:`spark_keras.inference.columns`). The result is a scalar column
         for a single-unit output, (nested) arrays for vector outputs, a struct with one
         field per output for multi-output models; ``return_type`` overrides it.
         Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before.

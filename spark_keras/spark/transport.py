@@ -24,8 +24,9 @@ import os
 import tempfile
 from typing import Any
 
+from .. import flavour
 from ..errors import PayloadError, SparkKerasError
-from ..payload import host_file, mapped
+from ..payload import host_file
 from ..payload.shipment import Shipment
 from ..storage import StoredModel
 
@@ -79,7 +80,7 @@ class BroadcastTransport(Transport):
         self._broadcast = sc.broadcast(payload)
 
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
-        folder = executor_folder() if share_weights and mapped.supported() else None
+        folder = executor_folder() if share_weights and flavour.current().shares_weights else None
         try:
             if folder is not None:
                 return recipe.build_shared(folder, key, nbytes, fetch=lambda: self._broadcast.value)
@@ -164,7 +165,7 @@ class ArtifactTransport(Transport):
             raise PayloadError(f"the model artifact {path} has {os.path.getsize(path)} bytes, "
                                f"expected {nbytes}: it is damaged; create the BroadcastModel again")
         try:
-            return recipe.build_from_file(path, share_weights=share_weights and mapped.supported())
+            return recipe.build_from_file(path, share_weights=share_weights and flavour.current().shares_weights)
         except PayloadError as exc:
             raise PayloadError(f"the model artifact {self.name!r} cannot be loaded ({exc}); "
                                f"if it is damaged, create the BroadcastModel again") from exc
@@ -189,7 +190,7 @@ class StorageTransport(Transport):
         def write(out: Any) -> None:
             self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
 
-        share = share_weights and mapped.supported()
+        share = share_weights and flavour.current().shares_weights
         folder = executor_folder()
         try:
             if folder is not None:
