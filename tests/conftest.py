@@ -109,7 +109,7 @@ def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
     if not sql:
         def info(_):
             if handle is not None:
-                handle.key  # noqa: B018
+                handle.release_stale()  # workers drop released models
             return sk.cache_info()
 
         found = spark.sparkContext.parallelize(range(16), 16).map(info).collect()
@@ -119,7 +119,7 @@ def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
 
     def report(batches):
         if handle is not None:
-            handle.key  # noqa: B018
+            handle.release_stale()  # workers drop released models
         for _ in batches:
             pass
         yield pa.RecordBatch.from_arrays([pa.array([json.dumps(sk.cache_info())])], names=["info"])

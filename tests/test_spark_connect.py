@@ -31,7 +31,7 @@ def worker_caches(connect, handle=None) -> dict[int, dict]:
         import spark_keras
 
         if handle is not None:
-            handle.key  # noqa: B018  (ships the handle: it carries the released keys)
+            handle.release_stale()  # a live handle carries the released keys
         for _ in batches:
             pass
         yield pa.RecordBatch.from_arrays([pa.array([json.dumps(spark_keras.cache_info())])], names=["s"])

@@ -187,7 +187,7 @@ def worker_memory_mb(spark, handle) -> dict[int, float]:
         import gc
         import re
 
-        handle.key  # noqa: B018  (ships the handle)
+        handle.release_stale()  # workers drop released models
         gc.collect()
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)

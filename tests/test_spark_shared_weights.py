@@ -65,7 +65,7 @@ def test_one_file_per_executor_shared_by_its_workers(cluster, build_log):
     other = sk.BroadcastModel(cluster, models.mlp())
 
     def files_left(_):
-        other.key  # noqa: B018  (ships a live handle, which carries the released keys)
+        other.release_stale()  # a live handle carries the released keys
         folder = executor_folder()
         yield folder, sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
@@ -93,7 +93,7 @@ def test_unpersist_keeps_one_rebuild_per_worker_on_a_fresh_file(cluster, build_l
     assert set(builds.values()) == {1} and len(builds) <= 2, builds
 
     def files(_):
-        bm.key  # noqa: B018
+        bm.release_stale()  # the old key was released by unpersist()
         folder = executor_folder()
         yield sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 

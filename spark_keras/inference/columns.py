@@ -192,17 +192,21 @@ def from_rows(rows: Sequence[Any], signature: Signature, first_row: int = 0) -> 
     with one value per model input, or a dict keyed by input name."""
     names = [s.name for s in signature.inputs]
     parts = [_row_parts(row, len(names), names, first_row + i) for i, row in enumerate(rows)]
-    labels = _field_names(rows, len(names)) or names
+    labels = _labels(rows, names)
     return [Column(label, _cells_to_arrow(label, [p[j] for p in parts], first_row, "partition"))
             for j, label in enumerate(labels)]
 
 
-def _field_names(rows: Sequence[Any], count: int) -> list[str] | None:
-    """The column names Spark Rows (or dicts) carry, to name the column at fault."""
+def _labels(rows: Sequence[Any], input_names: list[str]) -> list[str]:
+    """Column names for errors: the Rows' (or dicts') own field names, unless they are
+    keyed by the input names (as :func:`_row_parts` then reads them) or are not one per
+    input."""
     first = rows[0] if rows else None
     keys = list(first.asDict() if hasattr(first, "asDict") else
                 first if isinstance(first, dict) else [])
-    return [str(k) for k in keys] if len(keys) == count else None
+    if len(keys) != len(input_names) or all(name in keys for name in input_names):
+        return input_names
+    return [str(k) for k in keys]
 
 
 def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str], index: int) -> list[Any]:

@@ -95,12 +95,20 @@ class BroadcastModel(ModelHandle):
     def _check_usable(self) -> None:
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
+        self.release_stale()
+
+    def release_stale(self) -> list[str]:
+        """In a worker: drop the models, and the executor's payload files, of the
+        BroadcastModels the driver had destroyed or unpersisted when it shipped this
+        handle; the keys dropped. Every use of a handle's model does it first; call it to
+        free a worker's memory without using a model."""
         stale = [k for k in self._stale if k not in _dropped]
-        if stale:  # release, in this worker, what the driver released since
+        if stale:
             for key in stale:
                 model_cache.drop(key)
             self._transport.forget(stale)
             _dropped.update(stale)
+        return stale
 
     def _build(self) -> tuple:
         return self._transport.build(self._recipe, self._key, self._nbytes, self._share_weights)
