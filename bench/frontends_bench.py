@@ -23,14 +23,13 @@ predictions are checked against ``model.predict`` on a few rows (:class:`Predict
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Any, Callable
 
 import numpy as np
 
 from .models import mlp_model
-from .scoring_bench import ROOT, PredictionMismatch, Workload, make_frame, sample
+from .scoring_bench import PredictionMismatch, Workload, make_frame, sample
 from .sessions import local_session
 
 FEATURES, BATCH, PARTITIONS = 64, 1024, 4
@@ -87,11 +86,7 @@ def spark_predict_partition(model, rows: int) -> float:
     the check on every 20th row (from every partition) warmed both workers up."""
     import spark_keras as sk
 
-    # PYTHONPATH first, and not the working directory, which Python puts ahead of it
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    spark = local_session("spark-keras-bench-frontends", **{
-        "spark.executorEnv.PYTHONPATH": os.pathsep.join([*paths, ROOT]),
-        "spark.executorEnv.PYTHONSAFEPATH": "1"})
+    spark = local_session("spark-keras-bench-frontends")  # workers: sessions.worker_paths
     try:
         sc = spark.sparkContext
         _same_package("Spark workers", sc.parallelize(range(2), 2).map(

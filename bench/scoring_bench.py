@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .models import actor_model, mlp_model
+from .sessions import worker_paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -438,8 +438,8 @@ def session(master: str = "local[2]"):
             .config("spark.pyspark.python", sys.executable)
             .config("spark.python.worker.reuse", "true")
             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-            .config("spark.executorEnv.PYTHONPATH", ROOT)
             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+            .config(map=worker_paths())
             .getOrCreate())
 
 

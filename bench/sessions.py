@@ -11,6 +11,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def worker_paths() -> dict[str, str]:
+    """Executor settings so Python workers import the spark_keras the driver imports: the
+    PYTHONPATH entries first (``PYTHONPATH=<older checkout> python -m bench`` measures that
+    one), then this checkout, and not their working directory (PYTHONSAFEPATH)."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"spark.executorEnv.PYTHONPATH": os.pathsep.join([*paths, ROOT]),
+            "spark.executorEnv.PYTHONSAFEPATH": "1"}
+
+
 def local_session(app: str, *, driver_memory: str = "6g", **conf: str) -> Any:
     """A ``local[2]`` session whose workers run this venv's Python with one TensorFlow and
     OpenMP thread each (as conf/spark-defaults.conf sets them), plus ``conf``."""
@@ -22,13 +31,12 @@ def local_session(app: str, *, driver_memory: str = "6g", **conf: str) -> Any:
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.memory", driver_memory)
                .config("spark.pyspark.python", sys.executable)
-               .config("spark.executorEnv.PYTHONPATH", ROOT)
                .config("spark.executorEnv.KERAS_BACKEND", "tensorflow")
                .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
                .config("spark.executorEnv.TF_NUM_INTRAOP_THREADS", "1")
                .config("spark.executorEnv.TF_NUM_INTEROP_THREADS", "1")
                .config("spark.executorEnv.OMP_NUM_THREADS", "1"))
-    for key, value in conf.items():
+    for key, value in {**worker_paths(), **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -53,7 +53,6 @@ from .sessions import local_session, start_seconds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --- models --------------------------------------------------------------------------------
