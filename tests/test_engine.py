@@ -240,3 +240,21 @@ def test_pandas_and_rows_adapters_give_the_same_inputs():
     with pytest.raises(ModelInputError, match="null.*row 11 of this partition"):
         model_inputs(from_rows([rows[0], None], ONE, first_row=10), ONE, where="partition",
                      first_row=10)
+
+
+def test_a_block_of_pandas_number_columns_still_names_the_column_at_fault():
+    import pandas as pd
+
+    from spark_keras.inference.columns import from_frame
+
+    frame = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [4.0, np.nan, 6.0], "c": [7, 8, 9]})
+    columns = from_frame(frame, None, ONE)
+    assert len(columns) == 1 and columns[0].parts == ("a", "b", "c")  # read as one block
+    with pytest.raises(ModelInputError, match=r"column 'b': NaN or infinite value\(s\), first at "
+                                              r"row 1 of this batch"):
+        model_inputs(columns, ONE)
+    (x,), invalid = model_inputs(columns, ONE, "null")
+    np.testing.assert_array_equal(invalid, [False, True, False])
+    np.testing.assert_array_equal(x, [[1, 4, 7], [3, 6, 9]])
+    (x,), _ = model_inputs(from_frame(frame, ["c", "a", "c"], ONE), ONE)  # any order, repeats
+    np.testing.assert_array_equal(x, [[7, 1, 7], [8, 2, 8], [9, 3, 9]])

@@ -30,6 +30,8 @@ class Column:
 
     name: str
     array: pa.Array
+    # a block of scalar columns read as one (n, k) array column: their names, for errors
+    parts: tuple[str, ...] = ()
 
 
 # A model input fed by one column, or by scalar columns stacked as its features.
@@ -162,6 +164,9 @@ def from_frame(frame: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] 
             raise ModelInputError(f"column(s) {absent} not in the data; it has {available}")
         if hasattr(frame, "column_names"):
             return from_arrow(names, [frame.column(c) for c in names])
+        block = _number_block(frame, names, signature)
+        if block is not None:
+            return [block]
         return from_pandas(names, [frame[c] for c in names])
 
     if isinstance(columns, Mapping):
@@ -185,6 +190,22 @@ def from_data(data: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] | 
         raise ModelInputError("columns= selects columns of a DataFrame or an Arrow table, "
                               f"not of {type(data).__name__}")
     return from_numpy(data, signature)
+
+
+def _number_block(frame: Any, names: list[str], signature: Signature) -> Column | None:
+    """The features of a single-input model, as pandas number columns: one array column
+    over the frame's 2-D values (no copy when pandas holds them in one block), whose
+    errors still name the column at fault (``parts``)."""
+    inputs = signature.inputs
+    if len(names) < 2 or len(inputs) != 1 or inputs[0].size != len(names):
+        return None
+    selected = frame[names] if list(frame.columns) != names else frame
+    if not all(t.kind in "iuf" for t in selected.dtypes.to_numpy()):
+        return None
+    values = np.ascontiguousarray(selected.to_numpy())
+    flat = pa.array(values.reshape(-1))
+    return Column(", ".join(names), pa.FixedSizeListArray.from_arrays(flat, len(names)),
+                  tuple(names))
 
 
 def from_rows(rows: Sequence[Any], signature: Signature, first_row: int = 0) -> list[Column]:

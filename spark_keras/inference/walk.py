@@ -53,6 +53,7 @@ class ColumnRead:
     starts: np.ndarray | None  # first value of each row in ``leaf``; None: row i at i * size
     problems: list[_Problem] = field(default_factory=list)
     column_note: str = ""  # appended to row errors (e.g. "expects 3 features")
+    parts: tuple[str, ...] = ()  # the scalar columns this one stands for (a block of them)
 
     @property
     def invalid(self) -> np.ndarray | None:
@@ -77,6 +78,9 @@ class ColumnRead:
             flat = self.leaf[starts[:, None] + np.arange(size)]
         return flat.reshape((len(flat), *shape)).astype(self.spec.dtype, copy=False)
 
+    def _culprit(self, row: int) -> str:
+        return _culprit_in(self, row) if self.parts else self.name
+
     def error(self, where: str, first_row: int = 0) -> ModelInputError:
         """The error for this column's first invalid row (call when :attr:`invalid`);
         rows are numbered from ``first_row`` within ``where`` ("batch", "partition")."""
@@ -87,9 +91,17 @@ class ColumnRead:
         count = int(mask.sum())
         at = f"row {first_row + row} of this {where}"
         return ModelInputError(
-            f"column {self.name!r}: {problem.describe(row, at)} ({count} invalid row(s) in "
+            f"column {self._culprit(row)!r}: {problem.describe(row, at)} ({count} invalid row(s) in "
             f"this {where}); the model input {self.spec.name!r} expects {self.spec.describe()} "
             f"per row{self.column_note} ({NULL_POLICY_HINT})")
+
+
+def _culprit_in(read: "ColumnRead", row: int) -> str:
+    """The column of a block (``parts``) whose value in ``row`` is not a finite number."""
+    start = int(read.starts[row]) if read.starts is not None else row * read.spec.size
+    values = read.leaf[start:start + read.spec.size]
+    bad = np.flatnonzero(~np.isfinite(values)) if values.dtype.kind == "f" else []
+    return read.parts[int(bad[0])] if len(bad) else read.name
 
 
 def _any_in(flags: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -130,8 +142,16 @@ def not_numbers(name: str, t: pa.DataType, spec: TensorSpec) -> ModelInputError:
         f"{spec.name!r} expects numbers ({spec.describe()} per row)")
 
 
-def read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
-    """Read ``arr`` (any accepted kind) as rows of the model input ``spec``."""
+def read_column(name: str, arr: pa.Array, spec: TensorSpec,
+                parts: tuple[str, ...] = ()) -> ColumnRead:
+    """Read ``arr`` (any accepted kind) as rows of the model input ``spec``; ``parts``:
+    the scalar columns ``arr`` stands for, if it is a block of them."""
+    read = _read_column(name, arr, spec)
+    read.parts = parts
+    return read
+
+
+def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     k = kind(arr.type)
@@ -231,6 +251,10 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
     if arr.null_count:
         problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
     dense = fields["type"].fill_null(1).to_numpy(zero_copy_only=False) == 1
+    if dense.all() and not arr.null_count:  # a list column in disguise: read it as one
+        read = read_column(name, values, spec)
+        read.column_note = f", i.e. {size} features"
+        return read
     sizes = fields["size"].fill_null(size).to_numpy(zero_copy_only=False).astype(np.int64)
     v_off = values.offsets.to_numpy().astype(np.int64)
     lengths = np.diff(v_off)
