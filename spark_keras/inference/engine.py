@@ -91,13 +91,10 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
     if len(group) == 1:
         return group[0].values(keep)
     rows = group[0].n if keep is None else int(keep.sum())
-    # column after column (contiguous copies), handed on transposed, without a copy: the
-    # model call converts it a batch at a time, in cache (as it would a pandas frame's
-    # values); filling a row-major array column by column is several times slower
-    stacked = np.empty((len(group), rows), dtype=spec.dtype)
+    stacked = np.empty((rows, len(group)), dtype=spec.dtype)
     for j, r in enumerate(group):
-        stacked[j] = r.values(keep)
-    return stacked.T.reshape((rows, *spec.shape))
+        stacked[:, j] = r.values(keep)
+    return stacked.reshape((rows, *spec.shape))
 
 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
