@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     def section_done(name: str) -> None:
         nonlocal section_started
         timings[name] = time.perf_counter() - section_started
+        print(f"({name}: {timings[name]:.0f} s)")
         section_started = time.perf_counter()
 
     if "payload" in sections:

@@ -81,8 +81,8 @@ def raw_rows_per_second(model, x: np.ndarray, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
-def spark_predict_partition(model, rows: int) -> float:
-    """Seconds of ``rdd.mapPartitions(bm.predict_partition).count()``, best of 2, after
+def spark_predict_partition(model, rows: int, runs: int = 2) -> float:
+    """Seconds of ``rdd.mapPartitions(bm.predict_partition).count()``, best of ``runs``, after
     the check on every 20th row (from every partition) warmed both workers up."""
     import spark_keras as sk
 
@@ -100,17 +100,17 @@ def spark_predict_partition(model, rows: int) -> float:
         check("predict_partition", few.rdd.mapPartitions(predict).collect(),
               model.predict(x, batch_size=BATCH, verbose=0))
         rdd = df.select("features").rdd
-        return best_of(2, lambda: rdd.mapPartitions(predict).count())
+        return best_of(runs, lambda: rdd.mapPartitions(predict).count())
     finally:
         spark.stop()
 
 
-def pool(model, x: np.ndarray, few: np.ndarray, expected: np.ndarray) -> float:
-    """Seconds of ``pool_predict``, pool start included, best of 2."""
+def pool(model, x: np.ndarray, few: np.ndarray, expected: np.ndarray, runs: int = 2) -> float:
+    """Seconds of ``pool_predict``, pool start included, best of ``runs``."""
     from spark_keras.multiprocessing import pool_predict
 
     out = []
-    seconds = best_of(2, lambda: out.append(pool_predict(model, x, processes=2, batch_size=BATCH)))
+    seconds = best_of(runs, lambda: out.append(pool_predict(model, x, processes=2, batch_size=BATCH)))
     for y in out:
         check("pool_predict", y[few], expected)
     return seconds
@@ -125,9 +125,10 @@ def _settle(client, keys: int, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def dask(model, x: np.ndarray, few: np.ndarray, expected: np.ndarray) -> dict[str, float]:
+def dask(model, x: np.ndarray, few: np.ndarray, expected: np.ndarray,
+         runs: int = 2) -> dict[str, float]:
     """Seconds of ``predict_dask(...).compute()`` on a dask array and on a dask DataFrame
-    of scalar columns (both persisted on the workers), best of 2 after a warm-up."""
+    of scalar columns (both persisted on the workers), best of ``runs`` after a warm-up."""
     import dask.array as da
     import dask.dataframe as dd
     import pandas as pd
@@ -152,7 +153,7 @@ def dask(model, x: np.ndarray, few: np.ndarray, expected: np.ndarray) -> dict[st
             scored = predict_dask(handle, collection, batch_size=BATCH, **kw)
             y = scored.compute()  # warm-up: every worker builds the model
             check(f"predict_dask ({name})", np.asarray(y)[few], expected)
-            out[name] = best_of(2, scored.compute, before=lambda: _settle(client, keys))
+            out[name] = best_of(runs, scored.compute, before=lambda: _settle(client, keys))
     return out
 
 
@@ -162,16 +163,17 @@ def run(quick: bool = False) -> list[dict]:
 
     print(f"spark_keras: {_spark_keras_file()}")
     rows = rows_for(quick)
+    runs = 1 if quick else 2  # timed runs per front-end (a quick run is a smoke test)
     model = mlp_model()
     x = np.random.default_rng(0).random((rows, FEATURES), dtype=np.float32)
     few = np.arange(0, rows, max(1, rows // 16))
     expected = model.predict(x[few], batch_size=BATCH, verbose=0)
     raw = raw_rows_per_second(model, x, seconds=1.0 if quick else 4.0)
     measured = {("BroadcastModel.predict_partition (rdd.mapPartitions, local[2])",
-                 f"array<float> column, {PARTITIONS} partitions"): spark_predict_partition(model, rows),
+                 f"array<float> column, {PARTITIONS} partitions"): spark_predict_partition(model, rows, runs),
                 ("pool_predict (processes=2, pool start included)", "numpy array"):
-                    pool(model, x, few, expected)}
-    for name, seconds in dask(model, x, few, expected).items():
+                    pool(model, x, few, expected, runs)}
+    for name, seconds in dask(model, x, few, expected, runs).items():
         measured[("predict_dask (LocalCluster, 2 workers)", f"{name}, {PARTITIONS} chunks")] = seconds
     out = [{"front-end": "raw model (1 process)", "input": f"numpy batches of {BATCH}",
             "rows": rows, "best s": None, "rows/s": raw, "x raw": 1.0}]
