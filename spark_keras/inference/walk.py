@@ -104,6 +104,16 @@ def _culprit_in(read: "ColumnRead", row: int) -> str:
     return read.parts[int(bad[0])] if len(bad) else read.name
 
 
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether every value is a finite number, without a temporary array as large as
+    ``values`` (NaN propagates through min and max, an infinity is one of them): under
+    Dask, whose workers hand large blocks back to the OS at once, each such temporary
+    costs page faults (3 ms for 50,000 x 64 float32 values)."""
+    if values.dtype.kind != "f" or values.size == 0:
+        return True
+    return bool(np.isfinite(values.min()) and np.isfinite(values.max()))
+
+
 def _any_in(flags: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """For each row's range [lo, hi) of elements: is any flag set?"""
     counts = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
@@ -200,14 +210,12 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     last = int(hi[-1]) if n else 0
     leaf_arr = arr.slice(first, last - first)
     leaf = leaf_arr.to_numpy(zero_copy_only=False)
-    if leaf.dtype.kind == "f":
-        finite = np.isfinite(leaf)
-        if not finite.all():
-            nonfinite = ~finite
-            if leaf_arr.null_count:  # nulls read as NaN: not a second problem
-                nonfinite &= ~_nulls(leaf_arr)
-            problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first),
-                                     lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    if not _all_finite(leaf):
+        nonfinite = ~np.isfinite(leaf)
+        if leaf_arr.null_count:  # nulls read as NaN: not a second problem
+            nonfinite &= ~_nulls(leaf_arr)
+        problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first),
+                                 lambda r, at: f"NaN or infinite value(s), first at {at}"))
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
 
@@ -216,12 +224,11 @@ def _read_numbers(name: str, arr: pa.Array, spec: TensorSpec,
                   problems: list[_Problem]) -> ColumnRead:
     """A scalar column: one element per row, so row problems are element problems."""
     leaf = arr.to_numpy(zero_copy_only=False)
-    if leaf.dtype.kind == "f":
-        finite = np.isfinite(leaf)
-        if not finite.all():
-            nonfinite = ~finite if not arr.null_count else ~finite & ~_nulls(arr)
-            problems.append(_Problem(nonfinite,
-                                     lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    if not _all_finite(leaf):
+        nonfinite = ~np.isfinite(leaf)
+        if arr.null_count:  # nulls read as NaN: not a second problem
+            nonfinite &= ~_nulls(arr)
+        problems.append(_Problem(nonfinite, lambda r, at: f"NaN or infinite value(s), first at {at}"))
     return ColumnRead(name, spec, len(arr), leaf, None, [p for p in problems if p.rows.any()])
 
 
@@ -283,8 +290,8 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
         problems.append(_Problem(np.bincount(rows[_nulls(flat_values)], minlength=n).astype(bool),
                                  lambda r, at: f"null array element(s), first at {at}"))
     got = flat_values.to_numpy(zero_copy_only=False)
-    nonfinite = ~np.isfinite(got)
-    if nonfinite.any():
+    if not _all_finite(got):
+        nonfinite = ~np.isfinite(got)
         problems.append(_Problem(np.bincount(rows[nonfinite], minlength=n).astype(bool),
                                  lambda r, at: f"NaN or infinite value(s), first at {at}"))
     problems = [p for p in problems if p.rows.any()]
