@@ -114,6 +114,21 @@ def _all_finite(values: np.ndarray) -> bool:
     return bool(np.isfinite(values.min()) and np.isfinite(values.max()))
 
 
+def _nonfinite(leaf: np.ndarray, arr: pa.Array) -> np.ndarray | None:
+    """The NaN/infinite values of ``leaf`` (``arr`` as numpy), None when there are none;
+    nulls, which numpy reads as NaN, are not counted (they are a problem of their own)."""
+    if _all_finite(leaf):
+        return None
+    nonfinite = ~np.isfinite(leaf)
+    if arr.null_count:
+        nonfinite &= ~_nulls(arr)
+    return nonfinite
+
+
+def _describe_nonfinite(row: int, at: str) -> str:
+    return f"NaN or infinite value(s), first at {at}"
+
+
 def _any_in(flags: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """For each row's range [lo, hi) of elements: is any flag set?"""
     counts = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
@@ -210,12 +225,9 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     last = int(hi[-1]) if n else 0
     leaf_arr = arr.slice(first, last - first)
     leaf = leaf_arr.to_numpy(zero_copy_only=False)
-    if not _all_finite(leaf):
-        nonfinite = ~np.isfinite(leaf)
-        if leaf_arr.null_count:  # nulls read as NaN: not a second problem
-            nonfinite &= ~_nulls(leaf_arr)
-        problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first),
-                                 lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    nonfinite = _nonfinite(leaf, leaf_arr)
+    if nonfinite is not None:
+        problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first), _describe_nonfinite))
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
 
@@ -224,11 +236,9 @@ def _read_numbers(name: str, arr: pa.Array, spec: TensorSpec,
                   problems: list[_Problem]) -> ColumnRead:
     """A scalar column: one element per row, so row problems are element problems."""
     leaf = arr.to_numpy(zero_copy_only=False)
-    if not _all_finite(leaf):
-        nonfinite = ~np.isfinite(leaf)
-        if arr.null_count:  # nulls read as NaN: not a second problem
-            nonfinite &= ~_nulls(arr)
-        problems.append(_Problem(nonfinite, lambda r, at: f"NaN or infinite value(s), first at {at}"))
+    nonfinite = _nonfinite(leaf, arr)
+    if nonfinite is not None:
+        problems.append(_Problem(nonfinite, _describe_nonfinite))
     return ColumnRead(name, spec, len(arr), leaf, None, [p for p in problems if p.rows.any()])
 
 
@@ -290,10 +300,10 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
         problems.append(_Problem(np.bincount(rows[_nulls(flat_values)], minlength=n).astype(bool),
                                  lambda r, at: f"null array element(s), first at {at}"))
     got = flat_values.to_numpy(zero_copy_only=False)
-    if not _all_finite(got):
-        nonfinite = ~np.isfinite(got)
+    nonfinite = _nonfinite(got, flat_values)
+    if nonfinite is not None:
         problems.append(_Problem(np.bincount(rows[nonfinite], minlength=n).astype(bool),
-                                 lambda r, at: f"NaN or infinite value(s), first at {at}"))
+                                 _describe_nonfinite))
     problems = [p for p in problems if p.rows.any()]
     bad = np.zeros(n, dtype=bool)
     for p in problems:
