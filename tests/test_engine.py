@@ -258,3 +258,57 @@ def test_a_block_of_pandas_number_columns_still_names_the_column_at_fault():
     np.testing.assert_array_equal(x, [[1, 4, 7], [3, 6, 9]])
     (x,), _ = model_inputs(from_frame(frame, ["c", "a", "c"], ONE), ONE)  # any order, repeats
     np.testing.assert_array_equal(x, [[7, 1, 7], [8, 2, 8], [9, 3, 9]])
+
+
+@pytest.mark.parametrize("dtype", ["Int64", "Float32"])
+def test_pandas_nullable_columns_hold_nulls_not_nan(dtype):
+    import pandas as pd
+
+    from spark_keras.inference.columns import from_frame
+
+    frame = pd.DataFrame({"a": [1, 2, 3], "b": [4, None, 6], "c": [7, 8, 9]}).astype(dtype)
+    with pytest.raises(ModelInputError, match=r"column 'b': null value\(s\), first at row 1"):
+        model_inputs(from_frame(frame, None, ONE), ONE)
+    (x,), invalid = model_inputs(from_frame(frame, None, ONE), ONE, "null")
+    np.testing.assert_array_equal(invalid, [False, True, False])
+    np.testing.assert_array_equal(x, [[1, 4, 7], [3, 6, 9]])
+    single = Signature((TensorSpec("x", (1,), "float32"),), ONE.outputs, None, None)
+    with pytest.raises(ModelInputError, match=r"column 'b': null value\(s\), first at row 1"):
+        model_inputs(from_frame(frame, "b", single), single)
+
+
+def test_integer_column_labels_index_the_frame_by_their_own_labels():
+    import pandas as pd
+
+    from spark_keras.inference.columns import from_frame
+
+    data = np.arange(6, dtype="float32").reshape(2, 3)
+    for frame in (pd.DataFrame(data), pd.DataFrame(data).astype(object).astype("float64")):
+        (x,), _ = model_inputs(from_frame(frame, None, ONE), ONE)
+        np.testing.assert_array_equal(x, data)
+    frame = pd.DataFrame(data)
+    (x,), _ = model_inputs(from_frame(frame, [2, 1, 0], ONE), ONE)
+    np.testing.assert_array_equal(x, data[:, ::-1])
+    with pytest.raises(ModelInputError, match=r"column\(s\) \['7'\] not in the data"):
+        from_frame(frame, [0, 1, 7], ONE)
+
+
+def test_one_invalid_wide_row_does_not_multiply_peak_memory():
+    import tracemalloc
+
+    rows, size = 256, 50_000
+    sig = Signature((TensorSpec("x", (size,), "float32"),), ONE.outputs, None, None)
+    values = pa.array(np.ones(rows * size, dtype="float32"))
+    offsets = np.arange(rows + 1, dtype=np.int32) * size
+    offsets[-1] = offsets[-2]  # the last row is empty (and null): invalid
+    mask = pa.array([False] * (rows - 1) + [True])
+    col = pa.ListArray.from_arrays(pa.array(offsets), values, mask=mask)
+    result_bytes = (rows - 1) * size * 4
+    tracemalloc.start()
+    try:
+        (x,), invalid = inputs([col], sig, on_invalid="null")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert x.shape == (rows - 1, size) and invalid.sum() == 1 and (x == 1).all()
+    assert peak < 1.5 * result_bytes, f"peak {peak / 2**20:.0f} MiB for a {result_bytes / 2**20:.0f} MiB result"

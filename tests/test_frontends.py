@@ -156,3 +156,24 @@ def test_empty_input_everywhere_has_the_output_dtype(spark, bm, dask_handle):
     pdf = pd.DataFrame({"f": pd.Series([], dtype=object)})
     got = predict_dask(dask_handle, dask_frame(pdf)).compute()
     assert got.shape == (0, 2) and (got.dtypes == np.float32).all()
+
+
+def test_pandas_nullable_columns_and_integer_labels_in_dask_and_the_pool(dask_handle, model,
+                                                                       expected):
+    import dask.dataframe as dd
+
+    scalars = pd.DataFrame(np.array([GOOD[0], GOOD[0], GOOD[1]]))  # labels 0, 1, 2
+    np.testing.assert_allclose(pool_predict(model, scalars, processes=1),
+                               expected[[0, 0, 1]], atol=1e-6)
+    nullable = scalars.astype("Float32")
+    nullable.iloc[1, 2] = pd.NA
+    with pytest.raises(sk.ModelInputError, match=r"column '2': null value\(s\), first at row 1"):
+        pool_predict(model, nullable, processes=1)
+    got = pool_predict(model, nullable, processes=1, on_invalid="null")
+    assert np.isnan(got[1]).all()
+    np.testing.assert_allclose(got[[0, 2]], expected, atol=1e-6)
+    nullable.columns = ["a", "b", "c"]  # dask needs string labels
+    got = predict_dask(dask_handle, dd.from_pandas(nullable, npartitions=1),
+                       on_invalid="null").compute().to_numpy()
+    assert np.isnan(got[1]).all()
+    np.testing.assert_allclose(got[[0, 2]], expected, atol=1e-6)

@@ -67,6 +67,10 @@ def pandas_to_arrow(name: str, series: Any) -> pa.Array:
         missing = series.isna().all(axis=1).to_numpy()  # a null struct: every field null
         return pa.StructArray.from_arrays(children, names=fields,
                                           mask=pa.array(missing) if missing.any() else None)
+    dtype = series.dtype
+    if not isinstance(dtype, np.dtype) and getattr(dtype, "kind", "") in "iuf":
+        # pandas nullable numbers (Int64, Float32...): pd.NA is a null, not NaN
+        return pa.array(series.array)
     values = series.to_numpy()
     if values.dtype.kind in "iuf":  # numbers: zero-copy, NaN stays NaN
         return pa.array(values)
@@ -151,33 +155,42 @@ def _cells_to_arrow(name: str, cells: list[Any], first_row: int = 0,
                           f"{where}, first at row {first_row}")
 
 
-def from_frame(frame: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] | str | None,
+def from_frame(frame: Any, columns: Sequence[Any] | Mapping[str, Sequence[Any]] | Any | None,
                signature: Signature) -> Columns:
     """Columns of a pandas DataFrame or an Arrow Table/RecordBatch: ``columns`` names
-    them (default: every column), or maps each model input name to its columns."""
-    available = [str(c) for c in (frame.column_names if hasattr(frame, "column_names")
-                                  else frame.columns)]
+    them (default: every column), or maps each model input name to its columns. pandas
+    labels need not be strings (``pd.DataFrame(array)`` has 0, 1, 2...): the frame is
+    indexed by its own labels; names are their ``str()``, for errors and matching."""
+    labels = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
+    by_name = {str(label): label for label in labels}
 
-    def take(names: Sequence[str]) -> list[Column]:
-        absent = [c for c in names if c not in available]
+    def take(given: Sequence[Any]) -> list[Column]:
+        absent = [str(c) for c in given if str(c) not in by_name]
         if absent:
-            raise ModelInputError(f"column(s) {absent} not in the data; it has {available}")
+            raise ModelInputError(f"column(s) {absent} not in the data; it has {list(by_name)}")
+        chosen = [by_name[str(c)] for c in given]
+        names = [str(c) for c in chosen]
         if hasattr(frame, "column_names"):
-            return from_arrow(names, [frame.column(c) for c in names])
-        block = _number_block(frame, names, signature)
+            return from_arrow(names, [frame.column(c) for c in chosen])
+        block = _number_block(frame, chosen, signature)
         if block is not None:
             return [block]
-        return from_pandas(names, [frame[c] for c in names])
+        return from_pandas(names, [frame[c] for c in chosen])
 
     if isinstance(columns, Mapping):
         inputs = [s.name for s in signature.inputs]
         if set(columns) != set(inputs):
             raise ModelInputError(f"columns= must map each model input {inputs} to its "
                                   f"columns; got keys {list(columns)}")
-        return {k: take([v] if isinstance(v, str) else list(v)) for k, v in columns.items()}
+        return {k: take([v] if _is_label(v) else list(v)) for k, v in columns.items()}
     if columns is None:
-        return take(available)
-    return take([columns] if isinstance(columns, str) else list(columns))
+        return take(labels)
+    return take([columns] if _is_label(columns) else list(columns))
+
+
+def _is_label(value: Any) -> bool:
+    """One column label (a string, a number...), not a list of them."""
+    return isinstance(value, (str, bytes)) or np.isscalar(value)
 
 
 def from_data(data: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] | str | None,
@@ -192,16 +205,18 @@ def from_data(data: Any, columns: Sequence[str] | Mapping[str, Sequence[str]] | 
     return from_numpy(data, signature)
 
 
-def _number_block(frame: Any, names: list[str], signature: Signature) -> Column | None:
+def _number_block(frame: Any, labels: list[Any], signature: Signature) -> Column | None:
     """The features of a single-input model, as pandas number columns: one array column
     over the frame's 2-D values (no copy when pandas holds them in one block), whose
-    errors still name the column at fault (``parts``)."""
+    errors still name the column at fault (``parts``). Only plain numpy dtypes: nullable
+    columns (``Int64``, ``Float32``, which hold ``pd.NA``) are read column by column."""
     inputs = signature.inputs
-    if len(names) < 2 or len(inputs) != 1 or inputs[0].size != len(names):
+    if len(labels) < 2 or len(inputs) != 1 or inputs[0].size != len(labels):
         return None
-    selected = frame[names] if list(frame.columns) != names else frame
-    if not all(t.kind in "iuf" for t in selected.dtypes.to_numpy()):
+    selected = frame[labels] if list(frame.columns) != labels else frame
+    if not all(isinstance(t, np.dtype) and t.kind in "iuf" for t in selected.dtypes.to_numpy()):
         return None
+    names = [str(c) for c in labels]
     values = np.ascontiguousarray(selected.to_numpy())
     flat = pa.array(values.reshape(-1))
     return Column(", ".join(names), pa.FixedSizeListArray.from_arrays(flat, len(names)),

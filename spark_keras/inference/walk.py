@@ -74,8 +74,7 @@ class ColumnRead:
             if keep is not None:
                 flat = flat[keep]
         else:
-            starts = self.starts if keep is None else self.starts[keep]
-            flat = self.leaf[starts[:, None] + np.arange(size)]
+            flat = _rows_at(self.leaf, self.starts if keep is None else self.starts[keep], size)
         return flat.reshape((len(flat), *shape)).astype(self.spec.dtype, copy=False)
 
     def _culprit(self, row: int) -> str:
@@ -94,6 +93,20 @@ class ColumnRead:
             f"column {self._culprit(row)!r}: {problem.describe(row, at)} ({count} invalid row(s) in "
             f"this {where}); the model input {self.spec.name!r} expects {self.spec.describe()} "
             f"per row{self.column_note} ({NULL_POLICY_HINT})")
+
+
+def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
+    """``(len(starts), size)``: the ``size`` values from each start, copied run by run
+    (rows that follow each other in ``leaf`` are one slice), so the peak is the result
+    itself, not an index as large as it."""
+    out = np.empty((len(starts), size), dtype=leaf.dtype)
+    if not len(starts):
+        return out
+    breaks = np.flatnonzero(np.diff(starts) != size) + 1
+    for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(starts)]))):
+        first = int(starts[a])
+        out[a:b] = leaf[first:first + (b - a) * size].reshape((b - a, size))
+    return out
 
 
 def _culprit_in(read: "ColumnRead", row: int) -> str:
