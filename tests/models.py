@@ -53,3 +53,75 @@ def random_like_inputs(model: keras.Model, n: int, seed: int = 0):
     def make(t):
         return rng.standard_normal((n, *t.shape[1:])).astype("float32")
     return keras.tree.map_structure(make, model.input)
+
+
+SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "birds sing at dawn",
+             "the quick brown fox", "rain falls on the roof", "stars shine at night"]
+
+
+def text_classifier(shape: tuple = (1,), seed: int = 0) -> keras.Model:
+    """A string input -> TextVectorization (adapted vocabulary) -> Embedding -> Dense."""
+    keras.utils.set_random_seed(seed)
+    vectorize = layers.TextVectorization(max_tokens=40, output_sequence_length=6)
+    vectorize.adapt(SENTENCES)
+    inp = keras.Input(shape, dtype="string", name="text")
+    x = vectorize(inp if shape == () else keras.ops.reshape(inp, (-1,)))
+    x = layers.Embedding(40, 8)(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inp, layers.Dense(3, activation="softmax")(x), name="text_classifier")
+
+
+def text_labeller() -> keras.Model:
+    """Strings in (StringLookup), a string label out (StringLookup(invert=True) on argmax)."""
+    keras.utils.set_random_seed(1)
+    words = ["cat", "dog", "bird", "fox"]
+    inp = keras.Input((1,), dtype="string", name="word")
+    ids = layers.StringLookup(vocabulary=words)(inp)
+    x = layers.Flatten()(layers.Embedding(len(words) + 1, 4)(ids))
+    logits = layers.Dense(len(words) + 1)(x)
+    label = layers.StringLookup(vocabulary=words, invert=True)(keras.ops.argmax(logits, axis=-1))
+    return keras.Model(inp, {"label": label, "logits": logits}, name="text_labeller")
+
+
+@keras.saving.register_keras_serializable(package="spark_keras_tests")
+class DecodeImage(layers.Layer):
+    """Encoded image bytes (PNG or JPEG) -> (size, size, 3) floats in [0, 1], in the graph."""
+
+    def __init__(self, size: int = 16, **kwargs):
+        super().__init__(**kwargs)
+        self.size = size
+
+    def call(self, data):
+        import tensorflow as tf
+
+        def one(b):
+            image = tf.io.decode_image(b, channels=3, expand_animations=False)
+            image = tf.image.resize(tf.cast(image, "float32") / 255.0, (self.size, self.size))
+            return tf.ensure_shape(image, (self.size, self.size, 3))
+
+        return tf.map_fn(one, tf.reshape(data, (-1,)), fn_output_signature=tf.float32)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.size, self.size, 3)
+
+    def get_config(self):
+        return {**super().get_config(), "size": self.size}
+
+
+def image_bytes_model(size: int = 16) -> keras.Model:
+    """PNG/JPEG bytes in, decoded in the graph, a small CNN, 4 class probabilities out."""
+    keras.utils.set_random_seed(2)
+    inp = keras.Input((), dtype="string", name="image")
+    x = DecodeImage(size)(inp)
+    x = layers.Conv2D(4, 3, activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, layers.Dense(4, activation="softmax")(x), name="image_bytes")
+
+
+def png_bytes(n: int, size: int = 16, seed: int = 0) -> list[bytes]:
+    """``n`` random RGB PNG images of ``size`` x ``size``, encoded."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    return [tf.io.encode_png(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).numpy()
+            for _ in range(n)]

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ArgumentError, ModelInputError
 from .columns import Columns, assign
 from .signature import Signature, TensorSpec
-from .walk import ColumnRead, kind, read_column
+from .walk import ColumnRead, kind, leaf_kind, read_column
 
 ON_INVALID = ("error", "null")
 
@@ -80,10 +80,11 @@ def _read(spec: TensorSpec, cols: list) -> list[ColumnRead]:
             f"{spec.name!r}; it expects {spec.describe()}, i.e. {spec.size} scalar columns")
     scalar = TensorSpec(spec.name, (), spec.dtype)
     for c in cols:
-        if kind(c.array.type) != "number":
+        if kind(c.array.type) != leaf_kind(spec):
+            what = "string" if leaf_kind(spec) == "string" else "number"
             raise ModelInputError(
                 f"column {c.name!r} has type {c.array.type}; stacking {len(cols)} columns as the "
-                f"features of input {spec.name!r} needs one number per column")
+                f"features of input {spec.name!r} needs one {what} per column")
     return [read_column(c.name, c.array, scalar) for c in cols]
 
 
@@ -91,7 +92,7 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
     if len(group) == 1:
         return group[0].values(keep)
     rows = group[0].n if keep is None else int(keep.sum())
-    stacked = np.empty((rows, len(group)), dtype=spec.dtype)
+    stacked = np.empty((rows, len(group)), dtype=object if leaf_kind(spec) == "string" else spec.dtype)
     for j, r in enumerate(group):
         stacked[:, j] = r.values(keep)
     return stacked.reshape((rows, *spec.shape))
@@ -112,4 +113,5 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
 
 def empty_outputs(signature: Signature) -> list[np.ndarray]:
     """Outputs for no rows, of the output specs' shapes and dtypes."""
-    return [np.zeros((0, *s.shape), dtype=s.dtype) for s in signature.outputs]
+    return [np.zeros((0, *s.shape), dtype=object if s.dtype == "string" else s.dtype)
+            for s in signature.outputs]

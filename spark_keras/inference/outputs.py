@@ -10,6 +10,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from ..errors import ModelError
 from .engine import Scored
 from .signature import Signature, TensorSpec, model_outputs
 
@@ -20,7 +21,31 @@ _STORED_AS = {"float64": np.float64, "int64": np.int64, "int32": np.int32, "int1
 
 
 def stored_dtype(dtype: str) -> np.dtype:
-    return np.dtype(_STORED_AS.get(dtype, np.float32))
+    """The numpy dtype an output of ``dtype`` is stored with: object (``str``) for
+    ``tf.string`` outputs, a type Spark has for numbers."""
+    return np.dtype(object) if dtype == "string" else np.dtype(_STORED_AS.get(dtype, np.float32))
+
+
+def as_text(values: np.ndarray) -> np.ndarray:
+    """A ``tf.string`` output (bytes) as ``str`` objects (Spark string columns hold UTF-8)."""
+    try:
+        return np.frompyfunc(lambda v: v.decode() if isinstance(v, bytes) else v, 1, 1)(values) \
+            .astype(object, copy=False) if values.size else values.astype(object)
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"the model returned bytes that are not UTF-8 text ({exc}); a string "
+                         f"output must hold text") from exc
+
+
+def _decoded(scored: Scored) -> list[np.ndarray]:
+    """The valid rows' outputs, text outputs as ``str``."""
+    return [as_text(o) if s.dtype == "string" else o
+            for o, s in zip(scored.outputs, scored.signature.outputs)]
+
+
+def _stored(values: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    if spec.dtype == "string":
+        return np.asarray(as_text(np.asarray(values)), dtype=object)
+    return np.ascontiguousarray(values, dtype=stored_dtype(spec.dtype))
 
 
 def is_scalar_output(spec: TensorSpec) -> bool:
@@ -29,14 +54,18 @@ def is_scalar_output(spec: TensorSpec) -> bool:
 
 
 def nullable_dtype(dtype: Any) -> np.dtype:
-    """The dtype that can hold NaN for a null row: floats keep theirs."""
+    """The dtype that can hold NaN for a null row: floats keep theirs, objects (text) hold None."""
+    if np.dtype(dtype) == object:
+        return np.dtype(object)
     return np.result_type(np.dtype(dtype), np.float32)
 
 
 def _full(values: np.ndarray, invalid: np.ndarray) -> np.ndarray:
     """``values`` of the valid rows spread over all rows, invalid rows NaN (an Arrow
-    column masks them; elsewhere non-float outputs become floats)."""
-    full = np.full((len(invalid), *values.shape[1:]), np.nan, dtype=nullable_dtype(values.dtype))
+    column masks them; elsewhere non-float outputs become floats, text None)."""
+    dtype = nullable_dtype(values.dtype)
+    full = np.full((len(invalid), *values.shape[1:]), None if dtype == object else np.nan,
+                   dtype=dtype)
     full[~invalid] = values
     return full
 
@@ -47,16 +76,19 @@ def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | 
                     ) -> pa.Array:
     """A (n, *shape) output as an Arrow column: a scalar column or nested lists. With an
     ``invalid`` mask (over all rows; ``values`` holds the valid ones), invalid rows are null."""
-    values = np.ascontiguousarray(values, dtype=stored_dtype(spec.dtype))
+    values = _stored(values, spec)
     if invalid is not None:  # the nulls' values are hidden by the mask
         full = np.zeros((len(invalid), *values.shape[1:]), dtype=values.dtype)
+        if values.dtype == object:
+            full.fill("")
         full[~invalid] = values
         values = full
     n = values.shape[0]
     mask = pa.array(invalid) if invalid is not None else None
+    text = pa.string() if spec.dtype == "string" else None
     if is_scalar_output(spec):
-        return pa.array(values.reshape(n), mask=invalid)
-    arr: pa.Array = pa.array(values.reshape(-1))
+        return pa.array(values.reshape(n), type=text, mask=invalid)
+    arr: pa.Array = pa.array(values.reshape(-1), type=text)
     for level, width in enumerate(reversed(spec.shape)):
         count = len(arr) // width
         offsets = pa.array(np.arange(0, (count + 1) * width, width, dtype=np.int32))
@@ -83,9 +115,10 @@ def to_arrow(scored: Scored) -> pa.Array:
 
 def full_outputs(scored: Scored) -> list[np.ndarray]:
     """One array per output over all rows; invalid rows NaN (:func:`nullable_dtype`)."""
+    outputs = _decoded(scored)
     if scored.invalid is None:
-        return list(scored.outputs)
-    return [_full(values, scored.invalid) for values in scored.outputs]
+        return outputs
+    return [_full(values, scored.invalid) for values in outputs]
 
 
 def to_numpy(scored: Scored) -> Any:
@@ -102,7 +135,8 @@ def flat_columns(signature: Signature) -> list[str]:
 
 def flat_dtype(signature: Signature, nullable: bool = False) -> np.dtype:
     """The common dtype of every output value (float when rows may be null)."""
-    dtype = np.result_type(*[np.dtype(out.dtype) for out in signature.outputs])
+    dtype = np.result_type(*[stored_dtype(out.dtype) if out.dtype == "string" else np.dtype(out.dtype)
+                             for out in signature.outputs])
     return nullable_dtype(dtype) if nullable else dtype
 
 
@@ -111,7 +145,7 @@ def flat_outputs(scored: Scored, nullable: bool = False) -> np.ndarray:
     :func:`flat_dtype`; invalid rows NaN (they need ``nullable``, a float dtype)."""
     dtype = flat_dtype(scored.signature, nullable)
     flat = np.concatenate([o.reshape(len(o), s.size) for o, s in
-                           zip(scored.outputs, scored.signature.outputs)], axis=1).astype(
+                           zip(_decoded(scored), scored.signature.outputs)], axis=1).astype(
         dtype, copy=False)
     return flat if scored.invalid is None else _full(flat, scored.invalid)
 
@@ -124,11 +158,12 @@ def to_rows(scored: Scored) -> Iterator[Any]:
     sig = scored.signature
     k = 0
     invalid = scored.invalid if scored.invalid is not None else np.zeros(scored.rows, bool)
+    decoded = _decoded(scored)
     for bad in invalid:
         if bad:
             yield None
             continue
-        values = [o[k].reshape(()).item() if is_scalar_output(s) else o[k]
-                  for o, s in zip(scored.outputs, sig.outputs)]
+        values = [o[k:k + 1].reshape(()).item() if is_scalar_output(s) else o[k]
+                  for o, s in zip(decoded, sig.outputs)]
         k += 1
         yield dict(zip(sig.output_names, values)) if sig.output_names else values[0]

@@ -89,9 +89,19 @@ def signature_of(model: Any) -> Signature:
                 else tuple(f"output_{i}" for i in range(len(out_tensors)))
     outputs = tuple(
         TensorSpec(out_names[i] if out_names else "prediction",
-                   _known(t.shape, "output"), rt.dtype_name(t.dtype))
+                   _known(t.shape, "output"), _output_dtype(t, rt))
         for i, t in enumerate(out_tensors))
     return Signature(inputs, outputs, input_structure, out_names)
+
+
+def _output_dtype(tensor: Any, rt: Any) -> str:
+    """A symbolic output's dtype; Keras reports ``StringLookup(invert=True)``'s strings as
+    its integer input dtype, so such an output is taken for what it returns: strings."""
+    history = getattr(tensor, "_keras_history", None)
+    layer = getattr(history, "operation", None) or (history[0] if history else None)
+    if getattr(layer, "invert", False) and type(layer).__name__ == "StringLookup":
+        return "string"
+    return rt.dtype_name(tensor.dtype)
 
 
 def _first_attr(obj: Any, *names: str) -> Any:

@@ -26,14 +26,24 @@ NULL_POLICY_HINT = "on_invalid='null' gives such rows a null prediction"
 
 
 def kind(t: pa.DataType) -> str:
-    """``"list"``, ``"vector"`` (an ML Vector), ``"struct"``, ``"number"`` or ``"other"``."""
+    """``"list"``, ``"vector"`` (an ML Vector), ``"struct"``, ``"number"``, ``"string"``
+    (text or binary: both feed ``tf.string`` inputs) or ``"other"``."""
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return "list"
     if pa.types.is_struct(t):
         return "vector" if {f.name for f in t} >= VECTOR_FIELDS else "struct"
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "string"
     return "other"
+
+
+def leaf_kind(spec: TensorSpec) -> str:
+    """The kind of value an input takes: ``"string"`` for ``tf.string`` inputs (text or
+    bytes), else ``"number"``."""
+    return "string" if spec.dtype == "string" else "number"
 
 
 @dataclass
@@ -75,7 +85,8 @@ class ColumnRead:
                 flat = flat[keep]
         else:
             flat = _rows_at(self.leaf, self.starts if keep is None else self.starts[keep], size)
-        return flat.reshape((len(flat), *shape)).astype(self.spec.dtype, copy=False)
+        flat = flat.reshape((len(flat), *shape))
+        return flat if leaf_kind(self.spec) == "string" else flat.astype(self.spec.dtype, copy=False)
 
     def _culprit(self, row: int) -> str:
         return _culprit_in(self, row) if self.parts else self.name
@@ -172,12 +183,15 @@ def _depth(t: pa.DataType) -> int:
 
 
 def not_numbers(name: str, t: pa.DataType, spec: TensorSpec) -> ModelInputError:
+    """The error for a column whose values are not of the kind the input takes (text
+    for a numeric input, numbers for a string input...)."""
     leaf, what = t, "has type"
     while kind(leaf) == "list":
         leaf, what = leaf.value_type, "holds arrays of"
+    wanted = "strings or bytes" if leaf_kind(spec) == "string" else "numbers"
     return ModelInputError(
         f"column {name!r} {what} {leaf if what != 'has type' else t}; the model input "
-        f"{spec.name!r} expects numbers ({spec.describe()} per row)")
+        f"{spec.name!r} expects {wanted} ({spec.describe()} per row)")
 
 
 def read_column(name: str, arr: pa.Array, spec: TensorSpec,
@@ -194,12 +208,14 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
         arr = arr.combine_chunks()
     k = kind(arr.type)
     if k == "vector":
+        if leaf_kind(spec) != "number":
+            raise not_numbers(name, arr.type.field("values").type, spec)
         return _read_vectors(name, arr, spec)
     depth = _depth(arr.type)
     leaf_type = arr.type
     for _ in range(depth):
         leaf_type = leaf_type.value_type
-    if kind(leaf_type) != "number":
+    if kind(leaf_type) != leaf_kind(spec):
         raise not_numbers(name, arr.type, spec)
     if depth == 0 and spec.size != 1:
         raise ModelInputError(

@@ -9,7 +9,7 @@ from ..inference.signature import Signature, TensorSpec
 
 _SPARK_TYPES = {"float32": T.FloatType, "float64": T.DoubleType, "int64": T.LongType,
                 "int32": T.IntegerType, "int16": T.ShortType, "int8": T.ByteType,
-                "bool": T.BooleanType}
+                "bool": T.BooleanType, "object": T.StringType}
 
 
 def output_type(spec: TensorSpec) -> T.DataType:

@@ -1,0 +1,154 @@
+"""Text, bytes and string outputs through the one engine: Spark ``transform``,
+``predict_udf`` and ``predict_partition``, ``pool_predict`` and ``predict_dask``; the
+model called directly on the same data is the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+
+import spark_keras as sk
+from spark_keras.multiprocessing import pool_predict
+
+from . import models
+from .conftest import builds_by_worker, worker_cache_infos
+
+pytestmark = pytest.mark.timeout(600)
+
+TEXTS = models.SENTENCES + ["an unknown sentence", "", "cat"]
+
+
+def direct(model, values, shape=(1,)):
+    got = model(tf.constant(np.array(values, object).reshape((-1, *shape))), training=False)
+    return {k: v.numpy() for k, v in got.items()} if isinstance(got, dict) else got.numpy()
+
+
+@pytest.fixture(scope="module")
+def text_model():
+    return models.text_classifier()
+
+
+@pytest.fixture(scope="module")
+def text_bm(spark, text_model):
+    handle = sk.BroadcastModel(spark, text_model)
+    yield handle
+    handle.destroy()
+
+
+def text_frame(spark, texts=TEXTS):
+    return spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "id long, text string")
+
+
+def test_a_string_column_feeds_a_text_model_everywhere(spark, text_bm, text_model, build_log):
+    want = direct(text_model, TEXTS)
+    df = text_frame(spark).repartition(2)
+    got = [r.prediction for r in text_bm.transform(df, "text").orderBy("id").collect()]
+    np.testing.assert_allclose(np.array(got), want, atol=1e-5)
+    got = [r.p for r in df.select("id", text_bm.predict_udf()("text").alias("p")).orderBy("id").collect()]
+    np.testing.assert_allclose(np.array(got), want, atol=1e-5)
+    rows = text_frame(spark).orderBy("id").select("text").rdd.mapPartitions(
+        text_bm.predict_partition).collect()
+    np.testing.assert_allclose(np.array(rows), want, atol=1e-5)
+    # built once per worker, on the executor's shared payload file (TextVectorization's
+    # vocabulary travels in the payload)
+    assert builds_by_worker(build_log, text_bm.key) and \
+        set(builds_by_worker(build_log, text_bm.key).values()) == {1}
+    infos = worker_cache_infos(spark, text_bm)
+    memory = [i["memory_by_key"][text_bm.key] for i in infos.values() if text_bm.key in i["memory_by_key"]]
+    assert memory and all(m["shared"] for m in memory), infos
+
+
+def test_null_and_wrongly_typed_text(spark, text_bm, text_model):
+    texts = ["the cat sat on the mat", None, "birds sing at dawn"]
+    df = text_frame(spark, texts).coalesce(1)
+    pattern = r"column 'text': null value\(s\), first at row 1 of this batch"
+    with pytest.raises(Exception, match=pattern):
+        text_bm.transform(df, "text").collect()
+    with pytest.raises(Exception, match=pattern):
+        df.select(text_bm.predict_udf()("text")).collect()
+    want = direct(text_model, [texts[0], texts[2]])
+    for got in ([r.prediction for r in text_bm.transform(df, "text", on_invalid="null").orderBy("id").collect()],
+                [r.p for r in df.orderBy("id").select(text_bm.predict_udf(on_invalid="null")("text").alias("p")).collect()]):
+        assert got[1] is None
+        np.testing.assert_allclose(np.array([got[0], got[2]]), want, atol=1e-5)
+    numbers = spark.createDataFrame([(0, 1.5)], "id long, text double")
+    with pytest.raises(Exception, match=r"column 'text' has type double; the model input 'text' "
+                                        r"expects strings or bytes \(string of shape \(1,\) per row\)"):
+        text_bm.transform(numbers, "text", on_invalid="null").collect()
+    mlp = sk.BroadcastModel(spark, models.mlp(1, 4, 1))
+    try:
+        with pytest.raises(Exception, match=r"column 'text' has type string; the model input .* "
+                                            r"expects numbers \(float32 of shape \(1,\) per row\)"):
+            mlp.transform(text_frame(spark), "text").collect()
+    finally:
+        mlp.destroy()
+
+
+def test_string_outputs_are_string_columns(spark):
+    model = models.text_labeller()
+    words = ["cat", "dog", None, "fox", "zebra"]
+    want = direct(model, [w for w in words if w is not None])
+    labels = [x.decode() for x in want["label"]]
+    bm = sk.BroadcastModel(spark, model)
+    try:
+        df = spark.createDataFrame([(i, w) for i, w in enumerate(words)], "id long, word string")
+        out = bm.transform(df, "word", on_invalid="null")
+        assert out.schema["prediction"].dataType.simpleString() == \
+            "struct<label:string,logits:array<float>>"
+        rows = [r.prediction for r in out.orderBy("id").collect()]
+        assert rows[2] is None
+        assert [r.label for r in rows if r is not None] == labels
+        np.testing.assert_allclose([r.logits for r in rows if r is not None], want["logits"], atol=1e-5)
+        udf_rows = [r.p for r in df.orderBy("id").select(bm.predict_udf(on_invalid="null")("word").alias("p")).collect()]
+        assert [r.label if r else None for r in udf_rows] == labels[:2] + [None] + labels[2:]
+    finally:
+        bm.destroy()
+    got = pool_predict(model, pd.DataFrame({"word": words}), processes=1, on_invalid="null")
+    assert list(got["label"]) == labels[:2] + [None] + labels[2:]
+
+
+def test_binary_columns_feed_an_image_model(spark, tmp_path):
+    model = models.image_bytes_model()
+    images = models.png_bytes(6)
+    want = direct(model, images, shape=())
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    for i, data in enumerate(images):
+        (folder / f"{i}.png").write_bytes(data)
+    bm = sk.BroadcastModel(spark, model)
+    try:
+        files = spark.read.format("binaryFile").load(str(folder))
+        got = {r.path.rsplit("/", 1)[-1]: r.prediction for r in bm.transform(files, "content").collect()}
+        np.testing.assert_allclose([got[f"{i}.png"] for i in range(6)], want, atol=1e-5)
+        path = str(tmp_path / "images.parquet")
+        spark.createDataFrame([(i, bytearray(b)) for i, b in enumerate(images)],
+                              "id long, png binary").write.parquet(path)
+        table = spark.read.parquet(path)
+        got = [r.p for r in table.select("id", bm.predict_udf()("png").alias("p")).orderBy("id").collect()]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    finally:
+        bm.destroy()
+    np.testing.assert_allclose(pool_predict(model, np.array(images, object), processes=1), want,
+                               atol=1e-5)
+
+
+def test_text_through_dask(text_model):
+    pytest.importorskip("distributed")
+    import dask
+    import dask.dataframe as dd
+    from distributed import Client, LocalCluster
+
+    from spark_keras.dask import predict_dask, ship
+
+    pdf = pd.DataFrame({"text": TEXTS[:4] + [None] + TEXTS[4:]})
+    want = direct(text_model, [t for t in pdf["text"] if t is not None])
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client, \
+            ship(client, text_model) as handle:
+        with dask.config.set({"dataframe.convert-string": False}):
+            frame = dd.from_pandas(pdf, npartitions=2)
+        got = predict_dask(handle, frame, on_invalid="null").compute().to_numpy()
+    assert np.isnan(got[4]).all()
+    np.testing.assert_allclose(np.delete(got, 4, axis=0), want, atol=1e-5)
