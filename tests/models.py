@@ -125,3 +125,20 @@ def png_bytes(n: int, size: int = 16, seed: int = 0) -> list[bytes]:
     rng = np.random.default_rng(seed)
     return [tf.io.encode_png(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).numpy()
             for _ in range(n)]
+
+
+def sequence_model(masking: bool = False) -> keras.Model:
+    """A GRU over sequences of any length (``Input((None, 3))``), zeros masked or not."""
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((None, 3), name="sequence")
+    x = layers.Masking(0.0)(inp) if masking else inp
+    return keras.Model(inp, layers.Dense(2)(layers.GRU(4)(x)), name=f"gru_{int(masking)}")
+
+
+def fully_convolutional() -> keras.Model:
+    """Images of any size (``Input((None, None, 3))``) to per-pixel scores and a pooled one."""
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((None, None, 3), name="image")
+    pixels = layers.Conv2D(2, 3, padding="same", name="pixels")(inp)
+    pooled = layers.Dense(1, name="pooled")(layers.GlobalAveragePooling2D()(pixels))
+    return keras.Model(inp, {"pixels": pixels, "pooled": pooled}, name="fcn")

@@ -312,3 +312,43 @@ def test_one_invalid_wide_row_does_not_multiply_peak_memory():
         tracemalloc.stop()
     assert x.shape == (rows - 1, size) and invalid.sum() == 1 and (x == 1).all()
     assert peak < 1.5 * result_bytes, f"peak {peak / 2**20:.0f} MiB for a {result_bytes / 2**20:.0f} MiB result"
+
+
+SEQ = Signature((TensorSpec("seq", (None, 3), "float32"),), ONE.outputs, None, None)
+
+
+def test_rows_of_unknown_length_keep_their_own_shapes():
+    rows = [np.arange(3 * k, dtype="float32").reshape(k, 3) for k in (2, 1, 2, 4)]
+    nested = pa.array([r.tolist() for r in rows])
+    flat = pa.array([r.reshape(-1).tolist() for r in rows], pa.list_(pa.float64()))
+    for col in (nested, flat, nested.slice(1), flat.slice(1)):
+        (x,), invalid = inputs([col], SEQ)
+        assert invalid is None and x.dtype == object
+        expected = rows[len(rows) - len(col):]
+        for got, want in zip(x, expected):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("col, pattern", [
+    (pa.array([[[1.0, 2, 3], [1.0, 2]]]), r"row 1 of this batch is not rectangular"),
+    (pa.array([[1.0, 2, 3, 4]]), r"row 1 of this batch has 4 values at nesting level 0 where "
+                                 r"the model input takes a non-empty multiple of 3"),
+    (pa.array([[]], pa.list_(pa.list_(pa.float32()))), r"has 0 values at nesting level 0 where "
+                                                       r"the model input takes a non-empty array"),
+    (pa.array([[[1.0, 2]]]), r"has 2 values at nesting level 1 where the model input takes 3"),
+    (pa.array([None], pa.list_(pa.list_(pa.float32()))), r"null value\(s\)"),
+    (pa.array([[[1.0, None, 3]]]), r"null array element"),
+])
+def test_bad_rows_of_unknown_length(col, pattern):
+    good = pa.array([[1.0, 2, 3]] if not pa.types.is_list(col.type.value_type) else [[[1.0, 2, 3]]],
+                    col.type)
+    with pytest.raises(ModelInputError, match=r"column 'c0': .*" + pattern):
+        inputs([pa.concat_arrays([good, col])], SEQ)
+    (x,), invalid = inputs([pa.concat_arrays([good, col])], SEQ, on_invalid="null")
+    assert invalid.tolist() == [False, True] and len(x) == 1
+
+
+def test_two_unknown_dimensions_need_nested_arrays():
+    sig = Signature((TensorSpec("img", (None, None, 3), "float32"),), ONE.outputs, None, None)
+    with pytest.raises(ModelInputError, match="give each unknown dimension its own level"):
+        inputs([pa.array([[1.0, 2, 3]])], sig)

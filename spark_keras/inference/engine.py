@@ -114,4 +114,4 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
 def empty_outputs(signature: Signature) -> list[np.ndarray]:
     """Outputs for no rows, of the output specs' shapes and dtypes."""
     return [np.zeros((0, *s.shape), dtype=object if s.dtype == "string" else s.dtype)
-            for s in signature.outputs]
+            if not s.variable else np.empty(0, dtype=object) for s in signature.outputs]

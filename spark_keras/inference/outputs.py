@@ -76,6 +76,8 @@ def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | 
                     ) -> pa.Array:
     """A (n, *shape) output as an Arrow column: a scalar column or nested lists. With an
     ``invalid`` mask (over all rows; ``values`` holds the valid ones), invalid rows are null."""
+    if spec.variable:
+        return _ragged_to_arrow(values, spec, invalid)
     values = _stored(values, spec)
     if invalid is not None:  # the nulls' values are hidden by the mask
         full = np.zeros((len(invalid), *values.shape[1:]), dtype=values.dtype)
@@ -95,6 +97,22 @@ def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | 
         outermost = level == len(spec.shape) - 1
         arr = pa.ListArray.from_arrays(offsets, arr, mask=mask if outermost else None)
     return arr
+
+
+def _ragged_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | None) -> pa.Array:
+    """An output with unknown dimensions (one array per row, each of its own shape) as
+    nested lists."""
+    leaf: pa.DataType = pa.string() if spec.dtype == "string" else \
+        pa.from_numpy_dtype(stored_dtype(spec.dtype))
+    for _ in spec.shape:
+        leaf = pa.list_(leaf)
+    rows = iter(values)
+    cells = []
+    for bad in (invalid if invalid is not None else np.zeros(len(values), bool)):
+        row = None if bad else next(rows)
+        cells.append(None if row is None else
+                     _stored(np.asarray(row), TensorSpec(spec.name, row.shape, spec.dtype)).tolist())
+    return pa.array(cells, type=leaf)
 
 
 def outputs_to_arrow(outputs: Sequence[np.ndarray], signature: Signature,
@@ -129,6 +147,10 @@ def to_numpy(scored: Scored) -> Any:
 def flat_columns(signature: Signature) -> list[str]:
     """Column names of :func:`flat_outputs`: the output's name for a single value,
     ``<name>_<i>`` for each value of a vector output."""
+    ragged = [out.name for out in signature.outputs if out.variable]
+    if ragged:
+        raise ModelError(f"output(s) {ragged} have unknown dimensions: rows differ in shape and "
+                         f"cannot be flattened into columns of one width")
     return [n for out in signature.outputs
             for n in ([out.name] if out.size == 1 else [f"{out.name}_{i}" for i in range(out.size)])]
 

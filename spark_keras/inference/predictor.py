@@ -44,12 +44,51 @@ class Predictor:
 
     def __call__(self, arrays: Sequence[np.ndarray],
                  batch_size: int = DEFAULT_BATCH_SIZE) -> list[np.ndarray]:
-        """Outputs (flattened, in signature order) for inputs of any length, in batches."""
+        """Outputs (flattened, in signature order) for inputs of any length, in batches.
+        Inputs with unknown dimensions come as object arrays of one array per row: rows
+        are grouped by shape (see :meth:`_grouped`)."""
+        if any(spec.variable for spec in self.signature.inputs):
+            return self._grouped(arrays, batch_size)
+        return self._batched(arrays, batch_size)
+
+    def _grouped(self, arrays: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        """Rows of one shape (on every input) in one call, so each row's prediction is the
+        model's on that row alone: nothing is padded. An output with unknown dimensions
+        comes back as an object array of one array per row."""
+        specs = self.signature.inputs
+        n = len(arrays[0]) if arrays else 0
+        groups: dict[tuple, list[int]] = {}
+        for i in range(n):
+            key = tuple(a[i].shape for a, s in zip(arrays, specs) if s.variable)
+            groups.setdefault(key, []).append(i)
+        outs = [np.empty(n, dtype=object) if s.variable else None for s in self.signature.outputs]
+        for rows in groups.values():
+            index = np.asarray(rows)
+            inputs = [_stacked(a[index], s) if s.variable else a[index]
+                      for a, s in zip(arrays, specs)]
+            for j, got in enumerate(self._batched(inputs, batch_size)):
+                if outs[j] is None:
+                    outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
+                if outs[j].dtype == object and self.signature.outputs[j].variable:
+                    for k, row in enumerate(index):
+                        outs[j][row] = got[k]
+                else:
+                    outs[j][index] = got
+        return [o if o is not None else np.zeros((0, *s.shape), s.dtype)
+                for o, s in zip(outs, self.signature.outputs)]
+
+    def _batched(self, arrays: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
         n = len(arrays[0]) if arrays else 0
         if n <= batch_size:
             return self._call(arrays)
         parts = [self._call([a[i:i + batch_size] for a in arrays]) for i in range(0, n, batch_size)]
         return [np.concatenate(chunks) for chunks in zip(*parts)]
+
+
+def _stacked(rows: np.ndarray, spec: Any) -> np.ndarray:
+    """Per-row arrays of one shape as one ``(rows, *shape)`` array of the input's dtype."""
+    stacked = np.stack(list(rows))
+    return stacked if spec.dtype == "string" else stacked.astype(spec.dtype, copy=False)
 
 
 def predictor_for(model: Any) -> Predictor:

@@ -14,12 +14,19 @@ from ..errors import ModelError
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: tuple[int, ...]  # per row, without the batch dimension
+    shape: tuple[int | None, ...]  # per row, without the batch dimension; None: any length
     dtype: str
 
     @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+    def variable(self) -> bool:
+        """True if a dimension besides the batch one is unknown (``None``): rows may differ
+        in shape (sequences of any length, images of any size)."""
+        return None in self.shape
+
+    @property
+    def size(self) -> int | None:
+        """Values per row; None when rows differ in shape (:attr:`variable`)."""
+        return None if self.variable else math.prod(self.shape)
 
     def describe(self) -> str:
         return f"{self.dtype} of shape {self.shape}"
@@ -40,12 +47,11 @@ class Signature:
         return dict(zip(self.input_structure, arrays))
 
 
-def _known(shape: Any, what: str) -> tuple[int, ...]:
-    dims = tuple(shape)[1:]
-    if any(d is None for d in dims):
-        raise ModelError(f"{what} has an unknown dimension {tuple(shape)}; only the batch "
-                         f"dimension may be unknown")
-    return tuple(int(d) for d in dims)
+def _known(shape: Any, what: str) -> tuple[int | None, ...]:
+    """The per-row shape (the batch dimension dropped); unknown dimensions stay None."""
+    if shape is None or len(tuple(shape)) == 0:
+        raise ModelError(f"{what} has no batch dimension (shape {shape})")
+    return tuple(None if d is None else int(d) for d in tuple(shape)[1:])
 
 
 def signature_of(model: Any) -> Signature:

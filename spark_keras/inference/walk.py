@@ -12,6 +12,7 @@ form (struct of type/size/indices/values), dense or sparse.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -64,6 +65,8 @@ class ColumnRead:
     problems: list[_Problem] = field(default_factory=list)
     column_note: str = ""  # appended to row errors (e.g. "expects 3 features")
     parts: tuple[str, ...] = ()  # the scalar columns this one stands for (a block of them)
+    # (rows, ndim) per-row shapes, for an input with unknown dimensions (``spec.variable``)
+    shapes: np.ndarray | None = None
 
     @property
     def invalid(self) -> np.ndarray | None:
@@ -78,6 +81,8 @@ class ColumnRead:
     def values(self, keep: np.ndarray | None = None) -> np.ndarray:
         """``(rows, *spec.shape)`` for all rows, or the rows where ``keep`` is True, cast to
         the input dtype (zero-copy when every row is kept and the layout allows)."""
+        if self.shapes is not None:
+            return self._rows(keep)
         size, shape = self.spec.size, self.spec.shape
         if self.starts is None:
             flat = self.leaf[: self.n * size].reshape((self.n, size))
@@ -87,6 +92,18 @@ class ColumnRead:
             flat = _rows_at(self.leaf, self.starts if keep is None else self.starts[keep], size)
         flat = flat.reshape((len(flat), *shape))
         return flat if leaf_kind(self.spec) == "string" else flat.astype(self.spec.dtype, copy=False)
+
+    def _rows(self, keep: np.ndarray | None) -> np.ndarray:
+        """An input with unknown dimensions: an object array of one array per row, each of
+        its own shape (views of the column's values, not yet cast: rows of one shape are
+        stacked and cast together when the model is called)."""
+        rows = np.flatnonzero(keep) if keep is not None else np.arange(self.n)
+        out = np.empty(len(rows), dtype=object)
+        for k, r in enumerate(rows):
+            shape = tuple(int(d) for d in self.shapes[r])
+            start = int(self.starts[r])
+            out[k] = self.leaf[start:start + math.prod(shape)].reshape(shape)
+        return out
 
     def _culprit(self, row: int) -> str:
         return _culprit_in(self, row) if self.parts else self.name
@@ -217,6 +234,8 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
         leaf_type = leaf_type.value_type
     if kind(leaf_type) != leaf_kind(spec):
         raise not_numbers(name, arr.type, spec)
+    if spec.variable:
+        return _read_ragged(name, arr, spec, depth)
     if depth == 0 and spec.size != 1:
         raise ModelInputError(
             f"column {name!r}: each row holds 1 value (a {arr.type} column); the model input "
@@ -259,6 +278,83 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
         problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first), _describe_nonfinite))
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
+
+
+def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> ColumnRead:
+    """A list column for an input with unknown dimensions (``None`` in ``spec.shape``):
+    each row's own shape, read level by level. A row must be rectangular (the arrays of
+    one nesting level all of one length), have the known dimensions and no empty one;
+    its innermost level may hold the remaining dimensions flattened when at most one of
+    them is unknown."""
+    shape = spec.shape
+    if depth == 0 or depth > len(shape) or sum(d is None for d in shape[depth - 1:]) > 1:
+        raise ModelInputError(
+            f"column {name!r} ({arr.type}) cannot give rows of the model input {spec.name!r}, "
+            f"{spec.describe()}: give each unknown dimension its own level of nested arrays")
+    n = len(arr)
+    problems: list[_Problem] = []
+    if arr.null_count:
+        problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    dims = np.zeros((n, len(shape)), dtype=np.int64)
+    lo = np.arange(n, dtype=np.int64)
+    hi = lo + 1
+    for level in range(depth):
+        dims_here = shape[level:] if level == depth - 1 else shape[level:level + 1]
+        row_len, uneven = _row_lengths(arr, lo, hi)
+        if level:
+            problems.append(_Problem(uneven, lambda r, at, lv=level: (
+                f"ragged arrays: {at} is not rectangular (arrays of different lengths at "
+                f"nesting level {lv})")))
+        known = math.prod(d for d in dims_here if d is not None)
+        takes = str(known) if None not in dims_here else \
+            "a non-empty array" if known == 1 else f"a non-empty multiple of {known}"
+        if None in dims_here:
+            wrong = (row_len == 0) | (row_len % known != 0)
+            free = row_len // known
+            for j, d in enumerate(dims_here):
+                dims[:, level + j] = free if d is None else d
+        else:
+            wrong = row_len != known
+            dims[:, level:level + len(dims_here)] = dims_here
+        problems.append(_Problem(wrong & ~uneven, lambda r, at, lv=level, got=row_len, t=takes: (
+            f"{at} has {int(got[r])} values at nesting level {lv} where the model input "
+            f"takes {t}")))
+        if pa.types.is_fixed_size_list(arr.type):
+            offsets = (arr.offset + np.arange(len(arr) + 1, dtype=np.int64)) * arr.type.list_size
+        else:
+            offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
+        lo, hi = offsets[lo], offsets[hi]
+        arr = arr.values
+        if arr.null_count:
+            problems.append(_Problem(_any_in(_nulls(arr), lo, hi),
+                                     lambda r, at: f"null array element(s), first at {at}"))
+    first = int(lo[0]) if n else 0
+    leaf_arr = arr.slice(first, (int(hi[-1]) if n else 0) - first)
+    leaf = leaf_arr.to_numpy(zero_copy_only=False)
+    nonfinite = _nonfinite(leaf, leaf_arr)
+    if nonfinite is not None:
+        problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first), _describe_nonfinite))
+    return ColumnRead(name, spec, n, leaf, lo - first, [p for p in problems if p.rows.any()],
+                      shapes=dims)
+
+
+def _row_lengths(arr: pa.Array, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows whose arrays at this level are ``arr[lo:hi]``: the length of each row's
+    first array (0 if it has none), and whether any of its others differs from it."""
+    if pa.types.is_fixed_size_list(arr.type):
+        lengths = np.full(len(arr), arr.type.list_size, dtype=np.int64)
+    else:
+        lengths = np.diff(arr.offsets.to_numpy().astype(np.int64, copy=False))
+    counts = hi - lo
+    n = len(lo)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    first = np.zeros(n, dtype=np.int64)
+    has = counts > 0
+    first[has] = lengths[lo[has]]
+    start, end = int(lo[0]), int(hi[-1])
+    differs = lengths[start:end] != np.repeat(first, counts)
+    return first, _any_in(differs, lo - start, hi - start)
 
 
 def _read_numbers(name: str, arr: pa.Array, spec: TensorSpec,

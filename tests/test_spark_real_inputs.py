@@ -152,3 +152,52 @@ def test_text_through_dask(text_model):
         got = predict_dask(handle, frame, on_invalid="null").compute().to_numpy()
     assert np.isnan(got[4]).all()
     np.testing.assert_allclose(np.delete(got, 4, axis=0), want, atol=1e-5)
+
+
+def _sequences(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(int(k), 3)).astype("float32") for k in rng.integers(1, 9, n)]
+
+
+@pytest.mark.parametrize("masking", [False, True], ids=["plain", "masked"])
+def test_sequences_of_any_length(spark, masking):
+    model = models.sequence_model(masking)
+    seqs = _sequences(12)
+    seqs[3][-2:] = 0.0  # trailing zeros: masked steps in the masked model
+    want = np.array([model(s[None], training=False).numpy()[0] for s in seqs])
+    bm = sk.BroadcastModel(spark, model)
+    try:
+        rows = [(i, s.tolist()) for i, s in enumerate(seqs)] + [(99, None)]
+        df = spark.createDataFrame(rows, "id long, seq array<array<float>>").repartition(2)
+        got = [r.prediction for r in bm.transform(df, "seq", batch_size=4, on_invalid="null")
+               .orderBy("id").collect()]
+        assert got[-1] is None
+        np.testing.assert_allclose(np.array(got[:-1]), want, atol=1e-5)
+        got = [r.p for r in df.select("id", bm.predict_udf(on_invalid="null")("seq").alias("p"))
+               .orderBy("id").collect()]
+        np.testing.assert_allclose(np.array(got[:-1]), want, atol=1e-5)
+        with pytest.raises(Exception, match=r"column 'seq': null value\(s\)"):
+            bm.transform(df, "seq").collect()
+    finally:
+        bm.destroy()
+    flat = pd.DataFrame({"seq": [s.reshape(-1) for s in seqs]})
+    np.testing.assert_allclose(pool_predict(model, flat, processes=1), want, atol=1e-5)
+
+
+def test_images_of_any_size_through_a_fully_convolutional_model(spark):
+    model = models.fully_convolutional()
+    rng = np.random.default_rng(5)
+    images = [rng.random((h, w, 3), dtype=np.float32) for h, w in [(4, 5), (6, 6), (4, 5), (3, 8)]]
+    want = [model(i[None], training=False) for i in images]
+    bm = sk.BroadcastModel(spark, model)
+    try:
+        df = spark.createDataFrame([(k, i.tolist()) for k, i in enumerate(images)],
+                                   "id long, image array<array<array<float>>>")
+        out = bm.transform(df, "image")
+        assert out.schema["prediction"].dataType.simpleString() == \
+            "struct<pixels:array<array<array<float>>>,pooled:float>"
+        for row, w in zip(out.orderBy("id").collect(), want):
+            np.testing.assert_allclose(np.array(row.prediction.pixels), w["pixels"].numpy()[0], atol=1e-5)
+            np.testing.assert_allclose(row.prediction.pooled, w["pooled"].numpy()[0, 0], atol=1e-5)
+    finally:
+        bm.destroy()
