@@ -352,3 +352,22 @@ def test_two_unknown_dimensions_need_nested_arrays():
     sig = Signature((TensorSpec("img", (None, None, 3), "float32"),), ONE.outputs, None, None)
     with pytest.raises(ModelInputError, match="give each unknown dimension its own level"):
         inputs([pa.array([[1.0, 2, 3]])], sig)
+
+
+def test_spark_image_rows_bgr_to_rgb_and_bad_rows():
+    bgr = np.arange(2 * 2 * 3, dtype=np.uint8)
+    rows = [{"origin": "a", "height": 2, "width": 2, "nChannels": 3, "mode": 16, "data": bgr.tobytes()},
+            {"origin": "b", "height": 2, "width": 2, "nChannels": 3, "mode": 16, "data": bgr.tobytes()[:5]},
+            {"origin": "c", "height": 2, "width": 2, "nChannels": 3, "mode": 21, "data": bgr.tobytes()},
+            None]
+    col = pa.array(rows, pa.struct([("origin", pa.string()), ("height", pa.int32()), ("width", pa.int32()),
+                                    ("nChannels", pa.int32()), ("mode", pa.int32()), ("data", pa.binary())]))
+    sig = Signature((TensorSpec("img", (2, 2, 3), "float32"),), ONE.outputs, None, None)
+    (x,), invalid = inputs([col], sig, on_invalid="null")
+    assert invalid.tolist() == [False, True, True, True]
+    np.testing.assert_array_equal(x[0], bgr.reshape(2, 2, 3)[..., ::-1])
+    for sliced, pattern in [(col.slice(1, 1), "has 5 data bytes for 2 x 2 x 3"),
+                            (col.slice(2, 1), "has mode 21 with 3 channel"),
+                            (col.slice(3, 1), "null image")]:
+        with pytest.raises(ModelInputError, match=pattern):
+            inputs([sliced], sig)

@@ -201,3 +201,57 @@ def test_images_of_any_size_through_a_fully_convolutional_model(spark):
             np.testing.assert_allclose(row.prediction.pooled, w["pooled"].numpy()[0, 0], atol=1e-5)
     finally:
         bm.destroy()
+
+
+def _image_files(folder) -> dict[str, str]:
+    """PNG files of several sizes and channel counts; the color mode keras.utils.load_img
+    needs for each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(6)
+    made = {}
+    for name, shape, mode in [("a", (8, 8, 3), "rgb"), ("b", (8, 8, 3), "rgb"),
+                              ("wide", (8, 12, 3), "rgb"), ("gray", (8, 8), "grayscale"),
+                              ("alpha", (8, 8, 4), "rgba")]:
+        path = str(folder / f"{name}.png")
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(path)
+        made[path] = mode
+    return made
+
+
+def test_spark_image_rows_are_rgb_arrays_as_keras_loads_them(spark, tmp_path):
+    import keras
+
+    files = _image_files(tmp_path)
+    loaded = {p: keras.utils.img_to_array(keras.utils.load_img(p, color_mode=m)) for p, m in files.items()}
+    df = spark.read.format("image").load(str(tmp_path))
+    fixed = models.mlp(8 * 8 * 3, 4, 2)
+    cnn = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), fixed])
+    fcn = models.fully_convolutional()
+    for model, fits in [(cnn, lambda a: a.shape == (8, 8, 3)), (fcn, lambda a: a.shape[-1] == 3)]:
+        bm = sk.BroadcastModel(spark, model)
+        try:
+            out = bm.transform(df, "image", on_invalid="null").select("image.origin", "prediction").collect()
+            udf = df.select("image.origin", bm.predict_udf(on_invalid="null")("image").alias("p")).collect()
+            by_udf = {r.origin: r.p for r in udf}
+            assert len(out) == len(files)
+            for row in out:
+                array = loaded[row.origin.replace("file://", "")]
+                if not fits(array):
+                    assert row.prediction is None and by_udf[row.origin] is None, row.origin
+                    continue
+                want = model(array[None], training=False)
+                if isinstance(want, dict):
+                    got, want = row.prediction.pooled, want["pooled"].numpy()[0, 0]
+                    np.testing.assert_allclose(by_udf[row.origin].pooled, want, atol=1e-5)
+                else:
+                    got, want = row.prediction, want.numpy()[0]
+                    np.testing.assert_allclose(by_udf[row.origin], want, atol=1e-5)
+                np.testing.assert_allclose(got, want, atol=1e-5)
+            if model is cnn:
+                with pytest.raises(Exception, match=r"column 'image': the image at row \d+ of this "
+                                                    r"batch \(file:.*\.png\) is 8 x 12 x 3; the model "
+                                                    r"input takes 8 x 8 x 3"):
+                    bm.transform(df.where("image.width = 12"), "image").collect()
+        finally:
+            bm.destroy()

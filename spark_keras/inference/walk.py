@@ -23,16 +23,20 @@ from ..errors import ModelInputError
 from .signature import TensorSpec
 
 VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
+IMAGE_FIELDS = frozenset({"height", "width", "nChannels", "mode", "data"})  # Spark's image rows
 NULL_POLICY_HINT = "on_invalid='null' gives such rows a null prediction"
 
 
 def kind(t: pa.DataType) -> str:
-    """``"list"``, ``"vector"`` (an ML Vector), ``"struct"``, ``"number"``, ``"string"``
+    """``"list"``, ``"vector"`` (an ML Vector), ``"image"`` (a row of Spark's image data
+    source), ``"struct"``, ``"number"``, ``"string"``
     (text or binary: both feed ``tf.string`` inputs) or ``"other"``."""
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return "list"
     if pa.types.is_struct(t):
-        return "vector" if {f.name for f in t} >= VECTOR_FIELDS else "struct"
+        if {f.name for f in t} >= VECTOR_FIELDS:
+            return "vector"
+        return "image" if {f.name for f in t} >= IMAGE_FIELDS else "struct"
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         return "number"
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
@@ -224,6 +228,10 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     k = kind(arr.type)
+    if k == "image":
+        from .images import read_images  # it builds on this module
+
+        return read_images(name, arr, spec)
     if k == "vector":
         if leaf_kind(spec) != "number":
             raise not_numbers(name, arr.type.field("values").type, spec)
