@@ -55,7 +55,8 @@ class ModelCache:
     def get_or_build(self, key: str, build: Callable[[], tuple]) -> _Entry:
         """The entry for ``key``. On a miss ``build()`` returns ``(value, nbytes)`` or
         ``(value, nbytes, memory)``, ``memory`` saying where the weights live
-        (``shared``, ``shared_bytes``, ``private_bytes``)."""
+        (``shared``, ``shared_bytes``, ``private_bytes``; ``shared_fallback``: why not
+        shared, when the shared file could not be written)."""
         with self._lock:
             entry = self._hit(key)
             if entry is not None:
@@ -182,7 +183,9 @@ def cache_info() -> dict[str, Any]:
     """This process's model cache statistics: builds (total and by key), hits, evictions,
     entries, bytes, seconds spent building, limits, the process id, and per entry
     (``memory_by_key``) whether its weights are shared with other processes
-    (``shared``) and how many weight bytes are shared and private to this process."""
+    (``shared``), how many weight bytes are shared and private to this process, and,
+    for a model built on its own copy because the host's shared payload file could not
+    be written (a full or read-only disk), why (``shared_fallback``)."""
     return model_cache.info()
 
 

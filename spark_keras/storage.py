@@ -15,12 +15,13 @@ profile, and query parameters such as ``?endpoint_override=host:port&scheme=http
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 from .errors import PayloadError, StorageError
 
@@ -46,19 +47,28 @@ def _resolve(uri: str) -> tuple[Any, str]:
 
 
 def copy(uri: str, out: BinaryIO) -> int:
-    """Stream the file at ``uri`` into ``out``; the number of bytes copied."""
+    """Stream the file at ``uri`` into ``out``; the number of bytes copied. Failures to
+    read ``uri`` raise :class:`~spark_keras.StorageError`; failures to write ``out`` (a
+    local file: disk full, read-only) are raised as they are, for the caller, who knows
+    that file, to name it."""
     fs, path = _resolve(uri)
     copied = 0
     try:
-        with fs.open_input_stream(path) as stream:
-            while chunk := stream.read(_CHUNK):
-                out.write(chunk)
-                copied += len(chunk)
+        stream = fs.open_input_stream(path)
     except FileNotFoundError as exc:
         raise StorageError(f"model file {uri!r} does not exist") from exc
     except OSError as exc:
         raise StorageError(f"cannot read model file {uri!r}: {exc}") from exc
-    return copied
+    with stream:
+        while True:
+            try:
+                chunk = stream.read(_CHUNK)
+            except OSError as exc:
+                raise StorageError(f"cannot read model file {uri!r}: {exc}") from exc
+            if not chunk:
+                return copied
+            out.write(chunk)
+            copied += len(chunk)
 
 
 def read(path_or_uri: str) -> bytes:
@@ -79,23 +89,50 @@ def read(path_or_uri: str) -> bytes:
 
 
 def write(location: str, data: bytes) -> None:
-    """Write ``data`` to a URI, or to a local path atomically (a temporary name, then a
-    rename)."""
+    """Write ``data`` to a URI, or to a local path atomically (:func:`write_local`,
+    creating its folder)."""
+    if not is_uri(location):
+        try:
+            os.makedirs(os.path.dirname(location) or ".", exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot write {location!r}: {exc}") from exc
+        write_local(location, data)
+        return
     try:
-        if is_uri(location):
-            fs, path = _resolve(location)
-            with fs.open_output_stream(path) as out:
-                out.write(data)
-            return
-        tmp = f"{location}.tmp-{os.getpid()}"
-        os.makedirs(os.path.dirname(location) or ".", exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, location)
+        fs, path = _resolve(location)
+        with fs.open_output_stream(path) as out:
+            out.write(data)
     except StorageError:
         raise
     except Exception as exc:  # OSError, ArrowInvalid...
         raise StorageError(f"cannot write {location!r}: {exc}") from exc
+
+
+def write_local(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` (bytes-like) to the local ``path`` atomically; raises
+    :class:`~spark_keras.StorageError` naming it, and leaves no partial file."""
+    try:
+        write_atomically(os.fspath(path), lambda f: f.write(memoryview(data).cast("B")))
+    except OSError as exc:
+        raise StorageError(f"cannot write {os.fspath(path)!r}: {exc}") from exc
+
+
+def write_atomically(path: str, write: Callable[[BinaryIO], Any]) -> None:
+    """Create ``path`` whole or not at all: ``write(file)`` fills ``<path>.tmp-<pid>``,
+    which is then renamed to ``path``. On any failure (of ``write``, of the disk) the
+    temporary file is removed and the error raised as it is."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w+b") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+        except OSError as exc:  # must not hide the error that made the write fail
+            logger.warning("cannot remove the partial file %s: %s", tmp, exc)
+        raise
 
 
 def size(location: str) -> int | None:
@@ -144,6 +181,28 @@ class StoredModel:
         out.flush()
         self.check(out.name)
 
+    def read_payload(self, *, custom_objects: Mapping[str, Any] | None = None,
+                     safe_mode: bool = True) -> bytes:
+        """The model's payload, read into memory (for a worker that cannot write its
+        folder; a ``.keras`` file is converted in a temporary folder). Raises
+        :class:`~spark_keras.PayloadError` unless it is the payload the driver read."""
+        if self.kind == "payload":
+            data = read(self.uri)
+        else:
+            try:
+                with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
+                    local = os.path.join(tmp, "model.keras")
+                    with open(local, "wb") as f:
+                        copy(self.uri, f)
+                    data = _load_keras(local, custom_objects, safe_mode)[1]
+            except StorageError:
+                raise
+            except OSError as exc:
+                raise StorageError(f"cannot convert the .keras file {self.uri!r} here: no "
+                                   f"writable temporary folder ({exc})") from exc
+        self._check_digest(data)
+        return data
+
     def check(self, path: str) -> None:
         """Refuse the payload file at ``path`` unless it has the driver's digest (the
         body itself is verified against it when the file is loaded)."""
@@ -151,12 +210,16 @@ class StoredModel:
 
         view = mapped.map_file(path, copy_on_write=False)
         try:
-            found = body_digest(view)
+            self._check_digest(view)
+        finally:
+            mapped.close(view)
+
+    def _check_digest(self, payload: Any) -> None:
+        try:
+            found = body_digest(payload)
         except PayloadError as exc:
             raise PayloadError(f"the model read from {self.uri!r} is not a sound payload: "
                                f"{exc}") from exc
-        finally:
-            mapped.close(view)
         if found != self.digest:
             what = "converts to a different payload here (another Keras version?)" \
                 if self.kind == "keras" else "changed in storage"

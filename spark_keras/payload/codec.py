@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import __version__, flavour
 from ..errors import PayloadError
+from ..storage import write_local
 from . import format as fmt
 from . import mapped, round_trip
 
@@ -183,12 +184,16 @@ def _explain_rebuild_failure(exc: Exception, header: Mapping[str, Any],
 
 def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
          include_optimizer: bool = False) -> None:
-    """Write ``dumps(model)`` to ``path`` (atomically: a temp file, then a rename)."""
+    """Write ``dumps(model)`` to the local ``path`` atomically (a temp file, then a
+    rename): the file is whole or absent, and no temporary file is left.
+
+    Raises:
+        PayloadError: the model cannot be serialized (see :func:`dumps`).
+        StorageError: ``path`` cannot be written (its folder is missing, read-only or
+            full), naming it.
+    """
     data = dumps(model, custom_objects=custom_objects, include_optimizer=include_optimizer)
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_local(path, data)
 
 
 def load(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Callable, Mapping
 
@@ -22,6 +23,11 @@ from .mapped import weight_memory
 from .pickling import referenced_objects
 
 logger = logging.getLogger("spark_keras")
+
+# Keys of the models this process built without the shared file it could not write
+# (warned about once each)
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
 
 
 @dataclass(frozen=True, repr=False)
@@ -69,24 +75,60 @@ class Shipment:
     def build_shared(self, folder: str, key: str, nbytes: int,
                      fetch: Callable[[], Any] | None = None, *,
                      write: Callable[[BinaryIO], Any] | None = None,
-                     share_weights: bool = True) -> tuple[Any, int, dict[str, Any]]:
+                     share_weights: bool = True,
+                     fallback: Callable[[], Any] | None = None) -> tuple[Any, int, dict[str, Any]]:
         """Like :meth:`build`, on weights shared by every process of this host: the
         payload lands once in ``folder`` (:mod:`.host_file`; from ``fetch()`` or
         ``write(file)``, by default this shipment's payload) and the model's variables
         are views of that file, mapped copy-on-write (copies if not ``share_weights``).
-        A damaged file is rewritten once."""
-        if fetch is None and write is None:
+        A damaged file is rewritten once; a file another process replaced while this
+        one loaded it is loaded again.
+
+        If ``folder`` cannot be written (disk full, read-only, denied), the model is
+        built from the payload in memory (``fetch()``, else ``fallback()``) on weights
+        of its own, with one warning per model and process; the memory report says
+        why (``shared_fallback``). Without either, the :class:`.host_file.LocalWriteError`
+        naming the folder is raised."""
+        own = fetch is None and write is None
+        if own:
             fetch = self._payload_to_write
+        try:
+            return self._build_landed(folder, key, nbytes, fetch, write, share_weights)
+        except host_file.LocalWriteError as exc:
+            in_memory = fetch if fetch is not None else fallback
+            if in_memory is None or (own and not self.payload):
+                raise
+            return self._build_private(key, in_memory, exc)
+
+    def _build_landed(self, folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None,
+                      write: Callable[[BinaryIO], Any] | None, share_weights: bool
+                      ) -> tuple[Any, int, dict[str, Any]]:
         path = host_file.land(folder, key, nbytes, fetch, write=write)
+        loaded = host_file.identity(path)  # before loading: another process may replace it
         try:
             return self.build_from_file(path, share_weights=share_weights)
         except PayloadError:
-            damaged = host_file.identity(path)
-            if damaged is None or _verifies(path):
-                raise  # the file is sound: the payload itself cannot be loaded here
-            logger.warning("payload file %s is damaged; rewriting it", path)
-            path = host_file.land(folder, key, nbytes, fetch, write=write, damaged=damaged)
+            if host_file.identity(path) == loaded:  # the file this process loaded
+                if loaded is None or _verifies(path):
+                    raise  # the file is sound: the payload itself cannot be loaded here
+                logger.warning("payload file %s is damaged; rewriting it", path)
+            # rewritten here, unless another process already replaced it: then that file
+            path = host_file.land(folder, key, nbytes, fetch, write=write, damaged=loaded)
             return self.build_from_file(path, share_weights=share_weights)
+
+    def _build_private(self, key: str, payload: Callable[[], Any], reason: Exception
+                       ) -> tuple[Any, int, dict[str, Any]]:
+        """:meth:`build` from ``payload()``, after the shared file could not be written
+        (``reason``): warned once per model and process, and recorded in the memory report."""
+        with _warned_lock:
+            first = key not in _warned
+            _warned.add(key)
+        if first:
+            logger.warning("model %s is built with its own copy of the weights in this process "
+                           "(pid %d), not shared: %s", key, os.getpid(), reason)
+        model, nbytes, memory = replace(self, payload=payload()).build()
+        memory["shared_fallback"] = str(reason)
+        return model, nbytes, memory
 
     def _payload_to_write(self) -> bytes:
         if not self.payload:

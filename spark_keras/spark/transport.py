@@ -190,13 +190,18 @@ class StorageTransport(Transport):
         def write(out: Any) -> None:
             self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
 
+        def in_memory() -> bytes:  # if the executor's folder cannot be written
+            return self.stored.read_payload(custom_objects=objects, safe_mode=recipe.safe_mode)
+
         share = share_weights and flavour.current().shares_weights
         folder = executor_folder()
         try:
             if folder is not None:
-                return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share)
+                return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share,
+                                           fallback=in_memory)
             with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
-                return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False)
+                return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False,
+                                           fallback=in_memory)
         except PayloadError as exc:
             if self.stored.uri in str(exc):
                 raise
