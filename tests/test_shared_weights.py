@@ -58,8 +58,31 @@ def test_shared_load_is_bit_identical_and_shares_every_weight(tmp_path, build, i
     # adopted the DLPack tensor instead of copying it)
     assert memory.shared and memory.shared_bytes >= total - 64 * len(model.variables)
     assert memory.private_bytes <= 64 * len(model.variables), memory
-    _, copied = codec.load_mapped(path, share_weights=False)
+    assert _bytes_on_mappings_of(shared, path) == memory.shared_bytes  # seen by the kernel too
+    private, copied = codec.load_mapped(path, share_weights=False)
+    _assert_identical(model(x), private(x))
     assert copied.shared_bytes == 0 and copied.private_bytes >= total - 64 * len(model.variables)
+    # no weight of the private model lies in a mapping of the file (were share_weights
+    # ignored, its variables would be views of a mapping kept alive by them)
+    assert _bytes_on_mappings_of(private, path) == 0
+
+
+def _bytes_on_mappings_of(model, path) -> int:
+    """Bytes of ``model``'s variables whose buffers lie in this process's mappings of
+    the file ``path`` (from /proc/self/maps: whatever spark_keras reports)."""
+    target = os.path.realpath(path)
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == target:
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                ranges.append((start, end))
+    found = 0
+    for variable in model.variables:
+        address, nbytes = mapped._buffer(variable)
+        found += nbytes if any(start <= address < end for start, end in ranges) else 0
+    return found
 
 
 def test_writes_stay_in_the_writing_model(tmp_path):
