@@ -40,7 +40,6 @@ import os
 import re
 import tempfile
 import threading
-import urllib.parse
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pyspark import keyword_only
@@ -404,14 +403,14 @@ def _payload_location(spark: Any, path: str, name: str) -> str:
     metadata (on a cluster whose default filesystem is HDFS, ``/models/m`` is
     ``hdfs://.../models/m``). On Spark Connect a plain path is local to this client."""
     location = path
-    if "://" not in path and not is_connect(spark):  # a plain path, or file:/x, hdfs:/x
+    # a plain path, file:/x, file:///x, hdfs:/x (not s3a://, which needs Hadoop's S3 jars)
+    if ("://" not in path or _scheme(path) == "file") and not is_connect(spark):
         location = _hadoop_qualified(spark, path) or path
     scheme = _scheme(location)
     if scheme is None:
         return os.path.join(os.path.abspath(location), name)
     if scheme == "file":
-        local = urllib.parse.unquote(urllib.parse.urlparse(location).path)
-        return os.path.join(local, name)
+        return os.path.join(_file_uri_path(location), name)
     if scheme in ("s3a", "s3n"):  # Hadoop's names for S3; pyarrow knows it as s3
         location = "s3" + location[len(scheme):]
     if "://" not in location:
@@ -419,6 +418,19 @@ def _payload_location(spark: Any, path: str, name: str) -> str:
                            f"such as s3://bucket/folder")
     base, sep, query = location.partition("?")
     return f"{base.rstrip('/')}/{name}{sep}{query}"
+
+
+def _file_uri_path(uri: str) -> str:
+    """The local path of a ``file:`` URI as Hadoop's ``Path`` reads it (where Spark puts
+    a stage's metadata): everything after the scheme and the authority, taken literally:
+    ``%20`` names a folder ``%20``, ``?`` and ``#`` are part of the name."""
+    rest = uri[len("file:"):]
+    if rest.startswith("//"):
+        slash = rest.find("/", 2)
+        rest = rest[slash:] if slash >= 0 else "/"
+    if rest.startswith("/"):
+        rest = "/" + rest.lstrip("/")  # Hadoop folds repeated slashes, even leading ones
+    return os.path.abspath(rest)
 
 
 def _scheme(path: str) -> str | None:
