@@ -14,6 +14,7 @@ from .errors import (  # noqa: E402
     ModelError,
     ModelInputError,
     PayloadError,
+    PreprocessError,
     SparkKerasError,
     StorageError,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "PayloadError",
     "StorageError",
     "ModelInputError",
+    "PreprocessError",
     "ModelError",
     "ArgumentError",
     "ArgumentTypeError",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["SparkKerasError", "PayloadError", "StorageError", "ModelInputError", "ModelError",
-           "ArgumentError", "ArgumentTypeError"]
+           "ArgumentError", "ArgumentTypeError", "PreprocessError"]
 
 
 class SparkKerasError(Exception):
@@ -20,6 +20,10 @@ class StorageError(SparkKerasError, OSError):
 
 class ModelInputError(SparkKerasError, ValueError):
     """Data handed to a model does not match its inputs (column, shape, dtype, nulls)."""
+
+
+class PreprocessError(ModelInputError):
+    """A user's ``preprocess`` function failed or returned something the model cannot take."""
 
 
 class ModelError(SparkKerasError, ValueError):

@@ -8,6 +8,7 @@ from typing import Any
 
 from .cache import model_cache
 from .inference.predictor import Predictor, predictor_for
+from .inference.preprocess import Preprocess
 from .inference.signature import Signature, signature_of
 
 
@@ -19,6 +20,12 @@ class ModelHandle:
     _nbytes: int
     _model: Any
     _signature: Signature | None
+    _preprocess: Preprocess | None = None
+
+    @property
+    def preprocess(self) -> Preprocess | None:
+        """The Python function run on each batch before the model (``preprocess=``)."""
+        return self._preprocess
 
     @staticmethod
     def new_key(model: Any, prefix: str = "") -> str:

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import flavour
-from .errors import SparkKerasError
+from .errors import ArgumentTypeError, ModelInputError, SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
 from .inference.engine import (
@@ -32,9 +32,11 @@ from .inference.engine import (
     check_on_invalid,
     empty_outputs,
     model_inputs,
+    score,
 )
 from .inference.outputs import to_numpy
 from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.preprocess import Preprocess
 from .inference.signature import signature_of
 from .payload import host_file
 from .payload.shipment import Shipment
@@ -49,7 +51,7 @@ def pool_predict(model: Any, data: Any, *,
                  processes: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                  on_invalid: str = "error", custom_objects: Mapping[str, Any] | None = None,
                  safe_mode: bool = True, context: str | Any = "spawn",
-                 share_weights: bool = True) -> Any:
+                 share_weights: bool = True, preprocess: Any = None) -> Any:
     """Predict ``data`` with ``model`` in a pool of worker processes.
 
     The inputs are read and checked here, by the engine every front-end uses (the same
@@ -79,6 +81,10 @@ def pool_predict(model: Any, data: Any, *,
         context: a start method name or a ``multiprocessing`` context. ``"spawn"``
             (default) is safe with TensorFlow; as with any spawn pool, a script must
             create it under ``if __name__ == "__main__":``.
+        preprocess: a function run in the pool's processes on each chunk (a pandas
+            DataFrame of ``data``'s columns) before the model; see
+            :class:`~spark_keras.BroadcastModel`. ``data`` must then be a DataFrame or
+            an Arrow table.
 
     Returns:
         One numpy array for a single-output model, else a dict keyed by output name.
@@ -91,15 +97,20 @@ def pool_predict(model: Any, data: Any, *,
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
     signature = signature_of(model)
-    inputs, invalid = model_inputs(cols.from_data(data, columns, signature), signature,
-                                   on_invalid, where="input")
+    handle = PoolModel(model, preprocess=preprocess)
+    names: list[str] = []
+    if handle.preprocess is None:
+        inputs, invalid = model_inputs(cols.from_data(data, columns, signature), signature,
+                                       on_invalid, where="input")
+    else:  # the raw columns go to the pool, whose processes run preprocess first
+        names, inputs = _raw_columns(data, columns)
+        invalid = None
     n = len(inputs[0])
     if n == 0:
         return to_numpy(Scored(signature, empty_outputs(signature), invalid))
     processes = processes or os.cpu_count() or 1
     rows = max(1, min(batch_size, -(-n // processes)))
     chunks = [[a[i:i + rows] for a in inputs] for i in range(0, n, rows)]
-    handle = PoolModel(model)
     shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode)
     ctx = multiprocessing.get_context(context) if isinstance(context, str) else context
     logger.info("pool_predict %s: %d rows in %d tasks, %d processes", handle.key, n,
@@ -114,23 +125,48 @@ def pool_predict(model: Any, data: Any, *,
             received = _Received(shipment, len(shipment.payload), None)
         pool = stack.enter_context(ctx.Pool(min(processes, len(chunks)), initializer=_receive,
                                             initargs=(handle.key, received)))
-        parts = pool.map(_predict_chunk, [(handle.worker_copy(), chunk, batch_size)
-                                          for chunk in chunks], chunksize=1)
+        tasks = [(handle.worker_copy(), chunk, batch_size, on_invalid, i * rows, names)
+                 for i, chunk in enumerate(chunks)]
+        parts = pool.map(_predict_chunk, tasks, chunksize=1)
+    if handle.preprocess is not None:  # each part: (outputs, invalid rows)
+        masks = [bad if bad is not None else np.zeros(len(c[0]), bool)
+                 for (_, bad), c in zip(parts, chunks)]
+        invalid = np.concatenate(masks) if any(m.any() for m in masks) else None
+        parts = [out for out, _ in parts]
     outputs = [np.concatenate(p) for p in zip(*parts)]
     return to_numpy(Scored(signature, outputs, invalid))
+
+
+def _raw_columns(data: Any, columns: Sequence[str] | None) -> tuple[list[str], list[Any]]:
+    """A DataFrame's or Arrow table's column names and columns (as Arrow arrays), for
+    ``preprocess``."""
+    if not (hasattr(data, "column_names") or hasattr(data, "iloc")):
+        raise ArgumentTypeError("pool_predict(preprocess=...) takes a pandas DataFrame or an "
+                                f"Arrow table, not {type(data).__name__}")
+    names = [str(c) for c in (data.column_names if hasattr(data, "column_names") else data.columns)]
+    chosen = names if columns is None else [columns] if isinstance(columns, str) else list(columns)
+    absent = [c for c in chosen if c not in names]
+    if absent:
+        raise ModelInputError(f"column(s) {absent} not in the data; it has {names}")
+    if hasattr(data, "column_names"):
+        return chosen, [data.column(c).combine_chunks() for c in chosen]
+    labels = dict(zip(names, data.columns))
+    return chosen, [cols.pandas_to_arrow(c, data[labels[c]]) for c in chosen]
 
 
 class PoolModel(ModelHandle):
     """The pool's model: the original in the parent; in a pool process, the model built
     once from what the initializer received (see :func:`pool_predict`)."""
 
-    def __init__(self, model: Any = None, key: str | None = None, nbytes: int = 0) -> None:
+    def __init__(self, model: Any = None, key: str | None = None, nbytes: int = 0,
+                 preprocess: Any = None) -> None:
         self._key = key or self.new_key(model, "pool-")
         self._nbytes, self._model, self._signature = nbytes, model, None
+        self._preprocess = Preprocess.of(preprocess)
 
     def worker_copy(self) -> "PoolModel":
-        """What a task carries: the key only."""
-        return PoolModel(key=self._key)
+        """What a task carries: the key (and the preprocess function, by value)."""
+        return PoolModel(key=self._key, preprocess=self._preprocess)
 
     def _build(self) -> tuple:
         received = _received.get(self._key)
@@ -166,6 +202,12 @@ def _receive(key: str, received: _Received) -> None:
     _received[key] = received
 
 
-def _predict_chunk(task: tuple[PoolModel, list[np.ndarray], int]) -> list[np.ndarray]:
-    handle, arrays, batch_size = task
-    return handle.predictor(arrays, batch_size)
+def _predict_chunk(task: tuple[PoolModel, list[Any], int, str, int, list[str]]) -> Any:
+    """The outputs for one chunk of model inputs; with a preprocess function, the chunk
+    holds raw columns and the result is ``(outputs of the valid rows, invalid mask)``."""
+    handle, arrays, batch_size, on_invalid, first_row, names = task
+    if handle.preprocess is None:
+        return handle.predictor(arrays, batch_size)
+    scored = score(handle, cols.from_arrow(names, arrays), batch_size=batch_size,
+                   on_invalid=on_invalid, where="input", first_row=first_row)
+    return scored.outputs, scored.invalid

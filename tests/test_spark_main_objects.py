@@ -30,6 +30,15 @@ DRIVER = textwrap.dedent('''
     bm = sk.BroadcastModel(spark, model)      # no custom_objects: found in the model
     out = bm.transform(df, "f").toPandas().sort_values("id")
     np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
+
+    def parse(batch):                         # a preprocess function from __main__ too
+        return np.stack([np.array(t.split(","), "float32") for t in batch["csv"]])
+
+    text = spark.createDataFrame([(i, ",".join(map(str, x[i].tolist()))) for i in range(40)],
+                                 "id long, csv string").repartition(4)
+    pre = sk.BroadcastModel(spark, model, preprocess=parse)
+    out = pre.transform(text, "csv").toPandas().sort_values("id")
+    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
     print("MAIN-OBJECTS-OK")
     spark.stop()
 ''')

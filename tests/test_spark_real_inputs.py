@@ -255,3 +255,51 @@ def test_spark_image_rows_are_rgb_arrays_as_keras_loads_them(spark, tmp_path):
                     bm.transform(df.where("image.width = 12"), "image").collect()
         finally:
             bm.destroy()
+
+
+def _decode_csv(batch: pd.DataFrame) -> np.ndarray:
+    """A preprocess function: a string column of comma-separated numbers to features."""
+    return np.stack([np.array(t.split(","), "float32") if t is not None else np.full(3, np.nan, "float32")
+                     for t in batch["csv"]])
+
+
+def _fails(batch: pd.DataFrame) -> np.ndarray:
+    raise ValueError("cannot parse this")
+
+
+def test_preprocess_runs_in_the_workers_before_the_model(spark):
+    model = models.mlp(3, 4, 2)
+    x = np.arange(12, dtype="float32").reshape(4, 3)
+    texts = [",".join(map(str, r)) for r in x.tolist()]
+    texts[2] = None  # preprocess gives NaN: an invalid row under the engine's checks
+    want = model(x, training=False).numpy()
+    df = spark.createDataFrame(list(enumerate(texts)), "id long, csv string").coalesce(1)
+    bm = sk.BroadcastModel(spark, model, preprocess=_decode_csv)
+    try:
+        got = [r.prediction for r in bm.transform(df, "csv", on_invalid="null").orderBy("id").collect()]
+        assert got[2] is None
+        np.testing.assert_allclose(np.array(got[:2] + got[3:]), want[[0, 1, 3]], atol=1e-5)
+        got = [r.p for r in df.orderBy("id").select(bm.predict_udf(on_invalid="null")("csv").alias("p")).collect()]
+        np.testing.assert_allclose(np.array(got[:2] + got[3:]), want[[0, 1, 3]], atol=1e-5)
+        rows = df.orderBy("id").select("csv").rdd.mapPartitions(
+            lambda part: bm.predict_partition(part, on_invalid="null")).collect()
+        assert rows[2] is None
+        with pytest.raises(Exception, match=r"NaN or infinite value\(s\), first at row 2 of this batch"):
+            bm.transform(df, "csv").collect()
+    finally:
+        bm.destroy()
+    failing = sk.BroadcastModel(spark, model, preprocess=_fails)
+    try:
+        with pytest.raises(Exception, match=r"the preprocess function tests.test_spark_real_inputs."
+                                            r"_fails raised on rows 0-3 of this batch: ValueError: "
+                                            r"cannot parse this"):
+            failing.transform(df, "csv").collect()
+    finally:
+        failing.destroy()
+    assert bm is not None and df.count() == 4  # the workers survive
+    got = pool_predict(model, pd.DataFrame({"csv": texts}), processes=1, preprocess=_decode_csv,
+                       on_invalid="null")
+    assert np.isnan(got[2]).all()
+    np.testing.assert_allclose(got[[0, 1, 3]], want[[0, 1, 3]], atol=1e-5)
+    with pytest.raises(sk.PreprocessError, match="_fails raised on rows 0-3 of this input"):
+        pool_predict(model, pd.DataFrame({"csv": texts}), processes=1, preprocess=_fails)

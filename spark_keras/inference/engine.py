@@ -101,10 +101,14 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
           where: str = "batch", first_row: int = 0) -> Scored:
     """Predictions of ``handle``'s model (a :class:`~spark_keras.handle.ModelHandle`, or
-    anything with ``predictor`` and ``signature``) for ``columns``. An empty batch, or
+    anything with ``predictor`` and ``signature``) for ``columns``, made into the model's
+    inputs by the handle's ``preprocess`` function first if it has one. An empty batch, or
     one where every row is invalid, gives empty outputs of the output specs' dtypes."""
     predictor = handle.predictor
     signature = predictor.signature
+    preprocess = getattr(handle, "preprocess", None)
+    if preprocess is not None:
+        columns = preprocess.apply(columns, signature, where=where, first_row=first_row)
     inputs, invalid = model_inputs(columns, signature, on_invalid, where=where,
                                    first_row=first_row)
     outputs = predictor(inputs, batch_size) if len(inputs[0]) else empty_outputs(signature)

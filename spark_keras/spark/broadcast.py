@@ -5,12 +5,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
 from ..errors import SparkKerasError
 from ..handle import ModelHandle
 from ..inference.predictor import DEFAULT_BATCH_SIZE
+from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature
 from ..payload.shipment import Shipment
 from ..storage import StoredModel, open_model
@@ -58,6 +59,12 @@ class BroadcastModel(ModelHandle):
         share_weights: build on the executor's shared copy of the weights (default);
             ``False`` gives every worker its own copy, as does legacy tf-keras, which
             has no zero-copy path.
+        preprocess: a Python function run in the workers on each batch before the model
+            (decoding, tokenizing...): it receives a pandas DataFrame of the input
+            columns (binary as ``bytes``, strings as ``str``, arrays as numpy arrays) and
+            returns the model's inputs (an array, a list in input order, a dict keyed
+            by input name, or a DataFrame), one row per row; the usual input checks and
+            ``on_invalid`` apply to what it returns. Shipped by value with the handle.
 
     Example::
 
@@ -69,7 +76,8 @@ class BroadcastModel(ModelHandle):
 
     def __init__(self, spark: Any, model_or_path: Any, *,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
-                 share_weights: bool = True) -> None:
+                 share_weights: bool = True,
+                 preprocess: Callable[[Any], Any] | None = None) -> None:
         model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
                                payload=payload)
@@ -85,6 +93,7 @@ class BroadcastModel(ModelHandle):
         self._transport = transport_for(spark, self._key, payload, stored)
         self._recipe = shipment.without_payload()
         self._share_weights = share_weights
+        self._preprocess = Preprocess.of(preprocess)
         self._released = False
         self._stale: tuple[str, ...] = ()  # in a worker: keys the driver had released
         logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,

@@ -15,6 +15,7 @@ from ..handle import ModelHandle
 from ..inference import columns as cols
 from ..inference.engine import check_batch_size, check_on_invalid, score
 from ..inference.outputs import to_arrow, to_rows
+from ..inference.preprocess import columns_of_rows
 from .types import prediction_type
 
 
@@ -148,6 +149,7 @@ def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
 
 def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row: int,
                 batch_size: int, on_invalid: str) -> Iterator[Any]:
-    columns = cols.from_rows(rows, signature, first_row)
+    columns = columns_of_rows(rows) if handle.preprocess is not None \
+        else cols.from_rows(rows, signature, first_row)
     yield from to_rows(score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
                              where="partition", first_row=first_row))
