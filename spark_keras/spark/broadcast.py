@@ -15,13 +15,15 @@ from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature
 from ..payload.shipment import Shipment
 from ..storage import StoredModel, open_model
-from .transport import transport_for
+from .transport import Transport, transport_for
 
 logger = logging.getLogger("spark_keras")
 
-# Keys of BroadcastModels released on this driver; every handle shipped afterwards carries
-# them, and a worker using any handle first drops those models (see _check_usable).
-_released: collections.deque[str] = collections.deque(maxlen=256)
+# Keys of BroadcastModels released on this driver, each with the class of the transport
+# that shipped it; every handle shipped afterwards carries them, and a worker using any
+# handle first drops those models and has their own transport forget their files (see
+# _check_usable).
+_released: collections.deque[tuple[str, type[Transport]]] = collections.deque(maxlen=256)
 # In a worker: released keys already dropped here
 _dropped: set[str] = set()
 
@@ -95,7 +97,8 @@ class BroadcastModel(ModelHandle):
         self._share_weights = share_weights
         self._preprocess = Preprocess.of(preprocess)
         self._released = False
-        self._stale: tuple[str, ...] = ()  # in a worker: keys the driver had released
+        # in a worker: (key, transport class) of the models the driver had released
+        self._stale: tuple[tuple[str, type[Transport]], ...] = ()
         logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,
                     type(self._transport).__name__)
 
@@ -111,12 +114,16 @@ class BroadcastModel(ModelHandle):
         BroadcastModels the driver had destroyed or unpersisted when it shipped this
         handle; the keys dropped. Every use of a handle's model does it first; call it to
         free a worker's memory without using a model."""
-        stale = [k for k in self._stale if k not in _dropped]
-        if stale:
-            for key in stale:
-                model_cache.drop(key)
-            self._transport.forget(stale)
-            _dropped.update(stale)
+        by_transport: dict[type[Transport], list[str]] = {}
+        for key, transport in self._stale:
+            if key not in _dropped:
+                by_transport.setdefault(transport, []).append(key)
+        stale = [key for keys in by_transport.values() for key in keys]
+        for key in stale:
+            model_cache.drop(key)
+        for transport, keys in by_transport.items():  # the files of each, where it put them
+            transport.forget(keys)
+        _dropped.update(stale)
         return stale
 
     def _build(self) -> tuple:
@@ -201,7 +208,7 @@ class BroadcastModel(ModelHandle):
         """Workers drop the model and the executor's file for the current key when
         they next use a handle (any BroadcastModel's); the files go with the executor
         at the latest."""
-        _released.append(self._key)
+        _released.append((self._key, type(self._transport)))
 
     # --- pickling (what a closure or a broadcast structure carries) ----------------------
 
