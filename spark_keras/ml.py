@@ -26,8 +26,12 @@ folder; nothing is pickled. The payload goes where Spark puts the metadata: a pl
 is qualified by Hadoop on classic Spark (so it lands on HDFS if that is the default
 filesystem), other URIs are written with ``pyarrow.fs`` (``s3a://`` as ``s3://``). On
 Spark Connect the client writes the payload: plain paths must be on a filesystem the
-client and the server share. Loading reads the payload back from there: a local file is
-broadcast, a URI is read by the executors themselves (see :mod:`spark_keras.storage`).
+client and the server share. Loading reads the payload back from there into the driver's
+memory, refused unless its size and digest are the ones in the stage's metadata: a loaded
+stage holds its model, so it keeps scoring with it whatever is saved over its folder later,
+and it can be saved back over the folder it came from (alone or in a ``PipelineModel``).
+Saving prepares the payload before anything is removed: a model that cannot be serialized
+leaves an existing stage as it was.
 The payload holds the model's config and weights, not code: custom layers must be
 importable and registered (``@keras.saving.register_keras_serializable``) in the process
 that loads the stage.
@@ -319,22 +323,25 @@ class _ModelSource:
             return self._handle
 
     def _ship(self, spark: Any) -> "BroadcastModel":
+        try:
+            return self._new_handle(spark)
+        except PayloadError as exc:
+            if self._saved_at is None:
+                raise
+            raise PayloadError(
+                f"the model of the KerasTransformer saved at {self._saved_at!r} cannot be "
+                f"rebuilt here. A loaded stage rebuilds with safe_mode=True, and its "
+                f"custom classes must be registered (@keras.saving."
+                f"register_keras_serializable) in a module imported before it transforms "
+                f"data. {exc}") from exc
+
+    def _new_handle(self, spark: Any) -> "BroadcastModel":
         from .spark.broadcast import BroadcastModel
 
         if self._model is not None:
             return BroadcastModel(spark, self._model, **self._options)
         if self._location is not None:
-            try:
-                return BroadcastModel(spark, self._location, **self._options)
-            except PayloadError as exc:
-                if self._saved_at is None:
-                    raise
-                raise PayloadError(
-                    f"the model of the KerasTransformer saved at {self._saved_at!r} cannot be "
-                    f"rebuilt here. A loaded stage rebuilds with safe_mode=True, and its "
-                    f"custom classes must be registered (@keras.saving."
-                    f"register_keras_serializable) in a module imported before it transforms "
-                    f"data. {exc}") from exc
+            return BroadcastModel(spark, self._location, **self._options)
         # payload bytes: through a file, so that the BroadcastModel ships these very bytes
         with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
             path = os.path.join(tmp, PAYLOAD_FILE)
@@ -462,6 +469,7 @@ class _KerasTransformerWriter(MLWriter):
     def __init__(self, instance: KerasTransformer) -> None:
         super().__init__()
         self.instance = instance
+        self._prepared: tuple[bytes, dict[str, Any], str] | None = None
 
     def _handleOverwrite(self, path: str) -> None:
         if is_connect(self.sparkSession):  # no JVM here: the Connect ML helper does it
@@ -475,21 +483,37 @@ class _KerasTransformerWriter(MLWriter):
         else:
             super()._handleOverwrite(path)
 
-    def saveImpl(self, path: str) -> None:
+    def save(self, path: str) -> None:
+        """Save the stage at ``path``. Everything that can fail before the files are
+        written (serializing the model, reading the payload file it was made from,
+        resolving where the payload goes) is done before an existing folder is removed."""
+        self._prepared = self._prepare(path)
+        try:
+            super().save(path)
+        finally:
+            self._prepared = None
+
+    def _prepare(self, path: str) -> tuple[bytes, dict[str, Any], str]:
+        """The payload, its metadata record, and where it goes for a stage at ``path``."""
         from .payload import format as fmt
 
-        stage = self.instance
-        payload = stage._require_source().payload()
+        payload = self.instance._require_source().payload()
         header = fmt.unpack(payload, verify=False).header
         record = {"file": PAYLOAD_FILE, "nbytes": len(payload),
                   "body_sha256": header["body_sha256"], "keras": header.get("keras"),
                   "model_class": header.get("model_class")}
+        location = _payload_location(self.sparkSession, path, PAYLOAD_FILE)
+        storage.size(location)  # an unreachable or unusable URI fails here
+        return payload, record, location
+
+    def saveImpl(self, path: str) -> None:
+        stage = self.instance
+        payload, record, location = self._prepared or self._prepare(path)
         extra = {"sparkKeras": {"version": __version__, "payload": record}}
         # metadata first: Spark refuses to write it over an existing stage
         params = {p.name: v for p, v in stage._paramMap.items() if v is not None}
         DefaultParamsWriter.saveMetadata(stage, path, _metadata_context(self.sparkSession),
                                          extraMetadata=extra, paramMap=params)
-        location = _payload_location(self.sparkSession, path, PAYLOAD_FILE)
         if not storage.is_uri(location) and is_connect(self.sparkSession) \
                 and not os.path.isdir(os.path.join(os.path.dirname(location), "metadata")):
             raise StorageError(
@@ -529,9 +553,29 @@ class _KerasTransformerReader(MLReader[KerasTransformer]):
                         "on a filesystem the client and the server share, or use a URI)")
             raise StorageError(f"the model payload of the KerasTransformer saved at {path!r} is "
                                f"missing: {location}{hint}")
-        if size != record.get("nbytes"):
-            raise PayloadError(f"the model payload {location} has {size} bytes, the stage's "
-                               f"metadata says {record.get('nbytes')}: the saved stage is "
-                               f"damaged or was replaced")
-        stage._source = _ModelSource(location=location, saved_at=path)
+        # the stage holds its payload from now on: whatever is saved over the folder later,
+        # it scores (and saves) the model it was loaded with
+        payload = _checked_payload(storage.read(location), location, record)
+        stage._source = _ModelSource(payload=payload, saved_at=path)
         return stage
+
+
+def _checked_payload(payload: bytes, location: str, record: Mapping[str, Any]) -> bytes:
+    """``payload``, read from ``location``, unless it is not the one the stage's metadata
+    ``record`` describes (its size and body digest) or its body does not match its digest."""
+    from .payload import format as fmt
+
+    damaged = "the saved stage is damaged, or its payload was replaced"
+    if len(payload) != record.get("nbytes"):
+        raise PayloadError(f"the model payload {location} has {len(payload)} bytes, the "
+                           f"stage's metadata says {record.get('nbytes')}: {damaged}")
+    try:
+        digest = fmt.unpack(payload).header["body_sha256"]  # verifies the body too
+    except PayloadError as exc:
+        raise PayloadError(f"the model payload {location} is not sound ({exc}): {damaged}") \
+            from exc
+    expected = record.get("body_sha256")
+    if digest != expected:
+        raise PayloadError(f"the model payload {location} has body digest {digest[:12]}..., "
+                           f"the stage's metadata says {str(expected)[:12]}...: {damaged}")
+    return payload

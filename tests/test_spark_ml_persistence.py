@@ -1,9 +1,13 @@
-"""KerasTransformer persistence edge cases: ``file:`` URIs resolved as Hadoop resolves them."""
+"""KerasTransformer persistence edge cases: saving a loaded stage (alone or in a
+PipelineModel) back over the folder it came from, a failed save leaving the old stage on
+disk, a loaded stage holding the model it was loaded with, a payload file that is not the
+one the metadata describes, and ``file:`` URIs resolved as Hadoop resolves them."""
 
 from __future__ import annotations
 
 import os
 
+import keras
 import numpy as np
 import pytest
 
@@ -38,8 +42,119 @@ def v1():
     return sk.loads(sk.dumps(models.mlp(4, 8, 1)))  # its config as a loaded model's
 
 
+@pytest.fixture(scope="module")
+def v2(v1):
+    """v1's config (so a payload of the same size) with other weights."""
+    model = sk.loads(sk.dumps(v1))
+    model.set_weights([w + 0.5 for w in v1.get_weights()])
+    return model
+
+
 def _scores(stage, df, column: str = "prediction") -> np.ndarray:
     return stage.transform(df).orderBy("id").toPandas()[column].to_numpy()
+
+
+def _files(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes)."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            full = os.path.join(root, name)
+            found[os.path.relpath(full, folder)] = open(full, "rb").read()
+    return found
+
+
+def test_a_loaded_stage_saved_over_its_own_folder(df, v1, tmp_path):
+    path = str(tmp_path / "stage")
+    KerasTransformer(model=v1, inputCol="f").save(path)
+    loaded = KerasTransformer.load(path).setBatchSize(7).setOutputCol("score")
+    loaded.write().overwrite().save(path)
+    assert sorted(os.listdir(path)) == ["metadata", "payload.skp"]
+    again = KerasTransformer.load(path)
+    assert (again.getBatchSize(), again.getOutputCol()) == (7, "score")
+    np.testing.assert_array_equal(_scores(again, df, "score"), _exact(v1))
+
+    # a stage made from the payload file inside the folder it is saved over
+    from_file = KerasTransformer(model=os.path.join(path, "payload.skp"), inputCol="f")
+    from_file.write().overwrite().save(path)
+    np.testing.assert_array_equal(_scores(KerasTransformer.load(path), df), _exact(v1))
+
+
+def test_a_loaded_pipeline_model_saved_over_its_own_folder(df, v1, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+
+    path = str(tmp_path / "pipeline-model")
+    Pipeline(stages=[
+        VectorAssembler(inputCols=COLUMNS, outputCol="features"),
+        KerasTransformer(model=v1, inputCol="features", outputCol="score"),
+    ]).fit(df).save(path)
+    loaded = PipelineModel.load(path)
+    loaded.stages[1].setBatchSize(5).setOnInvalid("null")
+    loaded.write().overwrite().save(path)
+
+    again = PipelineModel.load(path)
+    stage = again.stages[1]
+    assert (stage.getBatchSize(), stage.getOnInvalid()) == (5, "null")
+    got = again.transform(df).orderBy("id").toPandas()["score"].to_numpy()
+    np.testing.assert_array_equal(got, _exact(v1))
+
+
+class _LosesArguments(keras.Model):
+    """A subclassed model without get_config whose auto-config loses ``act``: spark_keras
+    refuses to serialize it (PayloadError)."""
+
+    def __init__(self, units: int = 1, act: str = "relu", **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(units, activation=act)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_a_failed_save_leaves_the_old_stage_intact(df, v1, tmp_path):
+    path = str(tmp_path / "stage")
+    KerasTransformer(model=v1, inputCol="f").save(path)
+    before = _files(path)
+    bad = _LosesArguments(act="tanh")
+    bad(X[:2])
+    with pytest.raises(sk.PayloadError, match="get_config"):
+        KerasTransformer(model=bad, inputCol="f").write().overwrite().save(path)
+    assert _files(path) == before
+    np.testing.assert_array_equal(_scores(KerasTransformer.load(path), df), _exact(v1))
+
+
+def test_a_loaded_stage_keeps_the_model_it_was_loaded_with(df, v1, v2, tmp_path):
+    path = str(tmp_path / "stage")
+    KerasTransformer(model=v1, inputCol="f").save(path)
+    loaded = KerasTransformer.load(path)
+    KerasTransformer(model=v2, inputCol="f").write().overwrite().save(path)  # v2 over it
+    assert not np.array_equal(_exact(v1), _exact(v2))
+    np.testing.assert_array_equal(_scores(loaded, df), _exact(v1))
+    np.testing.assert_array_equal(_scores(KerasTransformer.load(path), df), _exact(v2))
+
+
+def test_a_payload_that_is_not_the_saved_one_is_refused_at_load(v1, v2, tmp_path):
+    path = tmp_path / "stage"
+    KerasTransformer(model=v1, inputCol="f").save(str(path))
+    payload_file = path / "payload.skp"
+    good = payload_file.read_bytes()
+
+    other = sk.dumps(v2)  # another model's payload, of the very same size
+    assert len(other) == len(good) and other != good
+    payload_file.write_bytes(other)
+    with pytest.raises(sk.PayloadError, match=r"payload .*payload\.skp has body digest .* the "
+                                              r"stage's metadata says"):
+        KerasTransformer.load(str(path))
+
+    damaged = bytearray(good)
+    damaged[-1] ^= 0xFF  # the last weight's last byte: the header still holds
+    payload_file.write_bytes(bytes(damaged))
+    with pytest.raises(sk.PayloadError, match=r"payload\.skp is not sound .*body checksum"):
+        KerasTransformer.load(str(path))
+
+    payload_file.write_bytes(good)
+    assert KerasTransformer.load(str(path)).getInputCol() == "f"
 
 
 def test_a_file_uri_with_percent_escapes_is_one_folder_as_hadoop_makes_it(spark, df, v1,
