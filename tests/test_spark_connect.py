@@ -213,3 +213,63 @@ MAIN_DRIVER = textwrap.dedent('''
 def test_custom_layer_from_main_on_connect(connect, tmp_path):
     connect.stop()  # the script starts its own local server, on the same port
     run_script(tmp_path, MAIN_DRIVER, "CONNECT-MAIN-OK", timeout=400)
+
+
+def test_string_columns_and_string_outputs_on_connect(connect):
+    import tensorflow as tf
+
+    model = models.text_labeller()
+    words = ["cat", None, "fox", "zebra"]
+    want = model(tf.constant([[w] for w in words if w is not None]), training=False)
+    labels = [x.decode() for x in want["label"].numpy()]
+    bm = sk.BroadcastModel(connect, model)
+    try:
+        df = connect.createDataFrame([(i, w) for i, w in enumerate(words)], "id long, word string")
+        rows = [r.prediction for r in bm.transform(df, "word", on_invalid="null").orderBy("id").collect()]
+        assert rows[1] is None and [r.label for r in rows if r is not None] == labels
+        np.testing.assert_allclose([r.logits for r in rows if r is not None], want["logits"].numpy(), atol=1e-5)
+        udf = [r.p for r in df.orderBy("id").select(bm.predict_udf(on_invalid="null")("word").alias("p")).collect()]
+        assert [r.label if r else None for r in udf] == [labels[0], None, *labels[1:]]
+        with pytest.raises(Exception, match=r"column 'word': null value\(s\), first at row 1"):
+            bm.transform(df.coalesce(1), "word").collect()
+    finally:
+        bm.destroy()
+
+
+def _executor_files(connect, handle=None) -> dict[str, list[str]]:
+    """The payload folder's files of each executor the tasks ran on, after ``handle``
+    (if any) released the stale models in each task's worker."""
+    import pyarrow as pa
+
+    def report(batches):
+        from spark_keras.spark.transport import executor_folder
+
+        if handle is not None:
+            handle.release_stale()  # a live handle carries the released keys
+        for _ in batches:
+            pass
+        folder = executor_folder()
+        names = sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps([folder, names])])], names=["s"])
+
+    rows = connect.range(4, numPartitions=4).mapInArrow(report, "s string").collect()
+    return dict(json.loads(r.s) for r in rows)
+
+
+def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_path):
+    model = models.mlp(4, 8, 2)
+    sk.save(model, tmp_path / "m.skp")
+    stored = sk.BroadcastModel(connect, f"file://{tmp_path}/m.skp")
+    assert type(stored._transport).__name__ == "StorageTransport"
+    df = connect.createDataFrame([(i, [float(i)] * 4) for i in range(8)], "id long, f array<float>")
+    assert stored.transform(df, "f").count() == 8
+    key = stored.key
+    before = _executor_files(connect)
+    assert any(f"{key}.skp" in names for names in before.values()), before  # landed there
+
+    stored.destroy()
+    other = sk.BroadcastModel(connect, models.mlp(4, 8, 1))
+    assert type(other._transport).__name__ == "ArtifactTransport"
+    after = _executor_files(connect, other)
+    assert set(after) == set(before)
+    assert not any(n.startswith(key) for names in after.values() for n in names), after
