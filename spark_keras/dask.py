@@ -17,6 +17,7 @@ Three ways in, from simplest to fastest:
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from typing import Any, Mapping, Sequence
@@ -46,6 +47,10 @@ logger = logging.getLogger("spark_keras")
 
 __all__ = ["ship", "DaskModel", "predict_dask", "dask_setup", "PRELOAD_ENV"]
 
+PAYLOAD_FOLDER = "spark-keras-payloads"
+"""The folder beside the workers' scratch folders that holds the host's payload files.
+Dask puts that place on its workers' ``sys.path``: the name must not be importable, or
+the folder would shadow the package (an editable install, say) as a namespace package."""
 
 
 def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
@@ -96,8 +101,8 @@ class DaskModel(ModelHandle):
         return self._plugin().build()
 
     def release(self) -> None:
-        """Unregister the plugin: workers drop the payload and the cached model; tasks
-        using this handle afterwards fail. Driver-side only."""
+        """Unregister the plugin: workers drop the payload and the cached model, and the
+        hosts' payload files go; tasks using this handle afterwards fail. Driver-side only."""
         if self._client is None:
             raise SparkKerasError("release() is called on the driver that shipped the model")
         self._client.unregister_worker_plugin(self._key)
@@ -138,19 +143,31 @@ class _ModelPlugin(WorkerPlugin):
     so a model that cannot be rebuilt fails that task instead of the worker.
 
     With Keras 3 on TensorFlow, the first worker of a host to build writes the payload
-    to a file beside the workers' scratch folders, and every worker of the host builds
-    on weights mapped from it (one copy per host); a worker then lets go of its own
-    copy of the payload bytes. The file goes when the plugin is released."""
+    to a file in :data:`PAYLOAD_FOLDER`, beside the workers' scratch folders, and every
+    worker of the host builds on weights mapped from it (one copy per host); a worker
+    then lets go of its own copy of the payload bytes, so it needs the file to build
+    again (after a cache eviction). The file therefore stays while any worker of the
+    host holds the plugin (see :func:`_join_host_file`): it goes with the last of them,
+    when the plugin is released or the workers close."""
 
     def __init__(self, key: str, shipment: Shipment) -> None:
         self.name, self.shipment = key, shipment
         self.nbytes = len(shipment.payload)
         self.folder: str | None = None
+        self._users: int | None = None  # this worker's share of the host's file
 
     def setup(self, worker: Any) -> None:
-        if flavour.current().shares_weights:
-            scratch = os.path.dirname(os.path.abspath(worker.local_directory))
-            self.folder = os.path.join(scratch, "spark_keras")
+        if not flavour.current().shares_weights:
+            return
+        scratch = os.path.dirname(os.path.abspath(worker.local_directory))
+        folder = os.path.join(scratch, PAYLOAD_FOLDER)
+        try:
+            self._users = _join_host_file(folder, self.name)
+        except OSError as exc:
+            logger.warning("cannot share %s's payload file in %s (%s): worker %s keeps its "
+                           "own copy of the weights", self.name, folder, exc, worker.address)
+            return
+        self.folder = folder
 
     def build(self) -> tuple:
         if self.folder is None:
@@ -161,8 +178,60 @@ class _ModelPlugin(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         model_cache.drop(self.name)
-        if self.folder is not None:
-            host_file.discard(self.folder, self.name)
+        users, self._users = self._users, None
+        if users is not None and self.folder is not None:
+            try:
+                _leave_host_file(users, self.folder, self.name)
+            except OSError as exc:
+                logger.warning("cannot remove %s's payload file in %s: %s", self.name,
+                               self.folder, exc)
+
+
+def _users_path(folder: str, key: str) -> str:
+    return f"{host_file.path_for(folder, key)}.users"
+
+
+def _join_host_file(folder: str, key: str) -> int:
+    """Count this process among the users of ``key``'s payload file in ``folder``: a
+    shared ``flock`` on ``<file>.users``, held on the returned descriptor until
+    :func:`_leave_host_file` (or this process's death: the kernel releases it)."""
+    os.makedirs(folder, exist_ok=True)
+    path = _users_path(folder, key)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _still_at(fd, path):
+            return fd
+        os.close(fd)  # the last user removed that file while we waited: use the new one
+
+
+def _leave_host_file(fd: int, folder: str, key: str) -> bool:
+    """Give up this process's share (``fd`` from :func:`_join_host_file`); if no other
+    process of the host holds one (its lock turns exclusive), remove the payload file and
+    the users file. True if this process removed them."""
+    path = _users_path(folder, key)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # other workers of this host still use the file
+        if not _still_at(fd, path):
+            return False  # another last user removed them first
+        host_file.discard(folder, key)
+        os.remove(path)  # joiners waiting on this inode see it gone and make a new one
+        return True
+    finally:
+        os.close(fd)
+
+
+def _still_at(fd: int, path: str) -> bool:
+    """True if the open file ``fd`` is the file ``path`` names (not a removed one)."""
+    st = os.fstat(fd)
+    return host_file.identity(path) == (st.st_dev, st.st_ino)
 
 
 # --- scoring dask collections ---------------------------------------------------------

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import textwrap
+import time
 
 import keras
 import numpy as np
@@ -20,7 +24,7 @@ from spark_keras.cache import read_build_log  # noqa: E402
 from spark_keras.dask import PRELOAD_ENV, predict_dask, ship  # noqa: E402
 
 from . import models  # noqa: E402
-from .conftest import builds_by_worker, run_script  # noqa: E402
+from .conftest import REPO_ROOT, builds_by_worker, run_script  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,11 +46,14 @@ class Scaler(keras.Model):
 
 
 @pytest.fixture(scope="module")
-def client(build_log):
+def client(build_log, tmp_path_factory):
     # Workers preload spark_keras.dask, which imports this module (it registers Scaler).
+    # Their scratch space is this module's own (not the machine's shared one).
     env = {"SPARK_KERAS_BUILD_LOG": build_log, PRELOAD_ENV: __name__, "TF_CPP_MIN_LOG_LEVEL": "2"}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                      preload=["spark_keras.dask"], env=env) as cluster, Client(cluster) as c:
+                      preload=["spark_keras.dask"], env=env,
+                      local_directory=str(tmp_path_factory.mktemp("dask-local"))) as cluster, \
+            Client(cluster) as c:
         yield c
 
 
@@ -89,14 +96,28 @@ def test_subclassed_model_in_20_tasks(client, build_log, rng):
     records = [r for r in read_build_log(build_log) if r["key"] == handle.key]
     assert all(r["shared"] and r["private_bytes"] == 0 for r in records), records
 
-    def host_files(dask_worker):
-        folder = os.path.join(os.path.dirname(dask_worker.local_directory), "spark_keras")
-        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-
-    seen = client.run(host_files)  # both workers of this host see the same one file
-    assert all(names == [f"{handle.key}.skp", f"{handle.key}.skp.lock"] for names in seen.values()), seen
+    seen = client.run(_host_files, handle.key)  # both workers of this host see one file
+    assert len({str(found) for found in seen.values()}) == 1, seen
+    (found,) = list(seen.values())[0].values()
+    assert f"{handle.key}.skp" in found and not any(".tmp-" in name for name in found), seen
     handle.release()
-    assert all(handle.key not in " ".join(names) for names in client.run(host_files).values())
+    for found in client.run(_host_files, handle.key).values():  # no payload left, at most a lock
+        assert all(set(names) <= {f"{handle.key}.skp.lock"} for names in found.values()), found
+
+
+def _host_files(key: str, dask_worker=None) -> dict[str, list[str]]:
+    """The files naming ``key`` in the folders beside this worker's scratch folder (where
+    the host's payload files go), by folder name."""
+    scratch = os.path.dirname(dask_worker.local_directory)
+    found = {}
+    for folder in sorted(os.listdir(scratch)):
+        try:
+            names = sorted(n for n in os.listdir(os.path.join(scratch, folder)) if key in n)
+        except (NotADirectoryError, FileNotFoundError):  # a file, or a worker's folder going
+            continue
+        if names:
+            found[folder] = names
+    return found
 
 
 def test_training_on_a_worker_returns_new_weights(client, rng):
@@ -152,7 +173,7 @@ def test_workers_started_later_get_the_model_and_the_preload(client, build_log, 
     old = set(client.scheduler_info()["workers"])
     client.cluster.scale(3)
     try:
-        client.wait_for_workers(3, timeout=180)
+        _wait_for_workers(client, 3)
         (new,) = set(client.scheduler_info()["workers"]) - old
         # Before any task ran there: the preload imported this module (registering Scaler)
         # and nothing else of the test suite.
@@ -171,7 +192,111 @@ def test_workers_started_later_get_the_model_and_the_preload(client, build_log, 
         assert builds_by_worker(build_log, handle.key).get((socket.gethostname(), new_pid)) == 1
     finally:
         client.cluster.scale(2)
-        client.wait_for_workers(2)
+        _wait_for_workers(client, 2)
+
+
+def _wait_for_workers(client, n: int, timeout: float = 180) -> None:
+    """Wait until the scheduler has exactly ``n`` workers. (Not ``client.wait_for_workers``:
+    it resets the LocalCluster's view of its workers, which then fails at close on a
+    removal it already missed.)"""
+    deadline = time.monotonic() + timeout
+    while len(client.scheduler_info()["workers"]) != n:
+        assert time.monotonic() < deadline, f"not {n} workers after {timeout} s"
+        time.sleep(0.1)
+
+
+def _on(client, worker: str, fn, *args):
+    return client.submit(fn, *args, workers=[worker], allow_other_workers=False,
+                         pure=False).result(timeout=120)
+
+
+def test_a_worker_leaving_keeps_the_hosts_file_for_the_others(client, rng):
+    # Each worker drops its copy of the payload once built on the host's file: when one
+    # worker leaves, the others must still be able to rebuild (after an eviction, say).
+    _wait_for_workers(client, 2)
+    model = models.mlp(5, 4, 3)
+    x = rng.standard_normal((4, 5)).astype("float32")
+    expected = np.asarray(model(x))
+    with ship(client, model) as handle:
+        stay = sorted(client.scheduler_info()["workers"])
+        with _extra_worker(client) as (leaving, process):  # a third worker on this host
+            for worker in [*stay, leaving]:  # all three build, then forget the payload
+                np.testing.assert_allclose(_on(client, worker, _predict_shipped, handle, x)[0],
+                                           expected, atol=1e-6, rtol=0)
+            client.retire_workers([leaving])  # its plugin's teardown runs as it closes
+            process.wait(timeout=60)
+
+        limit = sk.cache_info()["max_bytes"]
+        client.run(sk.configure_cache, max_bytes=0, workers=stay)  # evict every model
+        client.run(sk.configure_cache, max_bytes=limit, workers=stay)
+        assert all(handle.key not in info["keys"]
+                   for info in client.run(sk.cache_info, workers=stay).values())
+        for worker in stay:
+            got, _ = _on(client, worker, _predict_shipped, handle, x)
+            np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+        assert all(info["builds_by_key"][handle.key] == 2
+                   for info in client.run(sk.cache_info, workers=stay).values())
+        for found in client.run(_host_files, handle.key, workers=stay).values():
+            assert any(f"{handle.key}.skp" in names for names in found.values()), found
+
+
+@contextlib.contextmanager
+def _extra_worker(client):
+    """A ``dask worker`` process (no nanny) joining ``client``'s cluster with the same
+    scratch space: yields its address and process; stopped on exit if still running.
+    (Not the cluster's own scale(): the LocalCluster's nanny may kill a closing worker.)"""
+    scratch = os.path.dirname(next(iter(client.run(_local_directory).values())))
+    name = f"extra-{os.getpid()}-{time.monotonic_ns()}"
+    dask = os.path.join(os.path.dirname(sys.executable), "dask")
+    process = subprocess.Popen(
+        [dask, "worker", client.scheduler.address, "--name", name, "--nthreads", "1",
+         "--no-nanny", "--local-directory", scratch, "--no-dashboard"],
+        env=dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            found = [a for a, w in client.scheduler_info()["workers"].items() if w["name"] == name]
+            if found:
+                break
+            assert process.poll() is None and time.monotonic() < deadline, "no extra worker"
+            time.sleep(0.2)
+        yield found[0], process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _local_directory(dask_worker=None) -> str:
+    return dask_worker.local_directory
+
+
+def _package_files(dask_worker=None) -> tuple[str, str, str]:
+    """``spark_keras.__file__`` in this worker, and in a fresh interpreter that imports
+    from the folder holding the workers' scratch folders (Dask puts it on the ``sys.path``
+    of the workers it starts) with the installed package alone (no ``PYTHONPATH``), plus
+    that interpreter's errors."""
+    import spark_keras
+
+    scratch = os.path.dirname(dask_worker.local_directory)
+    code = (f"import sys; sys.path.insert(0, {scratch!r}); import spark_keras; "
+            f"from spark_keras import __version__; print(spark_keras.__file__)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return spark_keras.__file__, proc.stdout.strip(), proc.stderr[-2000:]
+
+
+def test_the_payload_folder_does_not_shadow_the_installed_package(client, rng):
+    real = os.path.realpath(sk.__file__)
+    x = rng.standard_normal((2, 3)).astype("float32")
+    with ship(client, models.mlp(3, 4, 1)) as handle:
+        client.submit(_predict_shipped, handle, x).result(timeout=120)  # lands the host's file
+        assert any(client.run(_host_files, handle.key).values())
+        for in_worker, fresh, errors in client.run(_package_files).values():
+            assert os.path.realpath(in_worker) == real
+            assert fresh and os.path.realpath(fresh) == real, errors
 
 
 def test_loading_failures_raise_in_the_task(client, rng):
