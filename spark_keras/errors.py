@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SparkKerasError", "PayloadError", "StorageError", "ModelInputError", "ModelError",
+__all__ = ["SparkKerasError", "PayloadError", "StorageError", "LocalWriteError", "ModelInputError", "ModelError",
            "ArgumentError", "ArgumentTypeError", "PreprocessError"]
 
 
@@ -16,6 +16,11 @@ class PayloadError(SparkKerasError, ValueError):
 
 class StorageError(SparkKerasError, OSError):
     """A model file cannot be read from where it is stored (missing, unreachable, denied)."""
+
+
+class LocalWriteError(StorageError):
+    """A payload file cannot be written in this host's folder (disk full, read-only,
+    permission denied): the folder is at fault, not the payload or where it comes from."""
 
 
 class ModelInputError(SparkKerasError, ValueError):

@@ -35,17 +35,12 @@ import os
 import time
 from typing import Any, BinaryIO, Callable, Iterator
 
-from ..errors import ArgumentTypeError, PayloadError, SparkKerasError, StorageError
+from ..errors import ArgumentTypeError, LocalWriteError, PayloadError, SparkKerasError
 from ..storage import write_atomically
 
 logger = logging.getLogger("spark_keras")
 
 SUFFIX = ".skp"
-
-
-class LocalWriteError(StorageError):
-    """The payload file cannot be written in this host's folder (disk full, read-only,
-    permission denied): the folder is at fault, not the payload or where it comes from."""
 
 
 def path_for(folder: str, key: str) -> str:
