@@ -38,6 +38,7 @@ from .inference import columns as cols
 from .inference.engine import check_batch_size, check_on_invalid, score
 from .inference.outputs import flat_columns, flat_dtype, flat_outputs
 from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.preprocess import Preprocess
 from .inference.signature import Signature, model_outputs
 from .payload import host_file
 from .payload.shipment import Shipment
@@ -47,14 +48,11 @@ logger = logging.getLogger("spark_keras")
 
 __all__ = ["ship", "DaskModel", "predict_dask", "dask_setup", "PRELOAD_ENV"]
 
-PAYLOAD_FOLDER = "spark-keras-payloads"
-"""The folder beside the workers' scratch folders that holds the host's payload files.
-Dask puts that place on its workers' ``sys.path``: the name must not be importable, or
-the folder would shadow the package (an editable install, say) as a namespace package."""
+PAYLOAD_FOLDER = host_file.FOLDER_NAME  # beside the workers' scratch folders
 
 
 def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
-         safe_mode: bool = True) -> "DaskModel":
+         safe_mode: bool = True, preprocess: Any = None) -> "DaskModel":
     """Send ``model`` to every worker of ``client`` once; return a handle for tasks.
 
     The payload and the model's custom objects (those found in it plus
@@ -76,6 +74,10 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
         scores = predict_dask(handle, ddf, columns=feature_names)
         handle.release()                      # or: with ship(client, model) as handle:
 
+    ``preprocess``: a function run in the workers on each partition (a pandas DataFrame
+    of the chosen columns) before the model, as for :class:`~spark_keras.BroadcastModel`;
+    :func:`predict_dask` applies it.
+
     Raises:
         PayloadError: the model cannot be serialized. Rebuilding errors on a worker
             (for example an unknown class) are raised by the tasks using the handle.
@@ -85,15 +87,17 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
     client.register_plugin(_ModelPlugin(key, shipment), name=key)
     logger.info("shipped %s to Dask workers: %.1f MB payload", key,
                 len(shipment.payload) / 2**20)
-    return DaskModel(key, len(shipment.payload), model=model, client=client)
+    return DaskModel(key, len(shipment.payload), model=model, client=client,
+                     preprocess=Preprocess.of(preprocess))
 
 
 class DaskModel(ModelHandle):
     """A model shipped to Dask workers by :func:`ship`: ``.value`` is the model (the
     original on the driver, the cached rebuild in a worker process)."""
 
-    def __init__(self, key: str, nbytes: int, *, model: Any = None, client: Any = None) -> None:
-        self._key, self._nbytes = key, nbytes
+    def __init__(self, key: str, nbytes: int, *, model: Any = None, client: Any = None,
+                 preprocess: Preprocess | None = None) -> None:
+        self._key, self._nbytes, self._preprocess = key, nbytes, preprocess
         self._model, self._client = model, client  # both None once unpickled
         self._signature: Signature | None = None
 
@@ -128,7 +132,7 @@ class DaskModel(ModelHandle):
         return plugin
 
     def __reduce__(self) -> tuple:
-        return (DaskModel, (self._key, self._nbytes))
+        return (_unpickle_handle, (self._key, self._nbytes, self._preprocess))
 
     def __dask_tokenize__(self) -> tuple:
         return ("spark_keras.DaskModel", self._key)
@@ -136,6 +140,10 @@ class DaskModel(ModelHandle):
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"DaskModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
+
+
+def _unpickle_handle(key: str, nbytes: int, preprocess: Preprocess | None) -> DaskModel:
+    return DaskModel(key, nbytes, preprocess=preprocess)
 
 
 class _ModelPlugin(WorkerPlugin):
@@ -310,8 +318,9 @@ def _predict_frame(frame: Any, signature: Signature,
                    options: dict) -> Any:
     import pandas as pd
 
-    # the same column checks as in the tasks, on the (empty) meta frame: fail here, now
-    cols.assign(cols.from_frame(frame._meta, columns, signature), signature)
+    if options["handle"].preprocess is None:
+        # the same column checks as in the tasks, on the (empty) meta frame: fail here, now
+        cols.assign(cols.from_frame(frame._meta, columns, signature), signature)
     names = flat_columns(signature)
     dtype = flat_dtype(signature, options["on_invalid"] == "null")
     meta = pd.DataFrame(np.zeros((0, len(names)), dtype), columns=names,
@@ -335,8 +344,9 @@ def _score_partition(frame: Any, *, handle: DaskModel, columns: Any, batch_size:
     import pandas as pd
 
     signature = handle.signature
-    scored = score(handle, cols.from_frame(frame, columns, signature), batch_size=batch_size,
-                   on_invalid=on_invalid, where="partition")
+    data = cols.from_frame(frame, columns, None) if handle.preprocess is not None \
+        else cols.from_frame(frame, columns, signature)
+    scored = score(handle, data, batch_size=batch_size, on_invalid=on_invalid, where="partition")
     return pd.DataFrame(flat_outputs(scored, on_invalid == "null"), index=frame.index,
                         columns=names)
 

@@ -138,9 +138,9 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
         model: a Keras model, a ``.keras`` file or payload file (a local path or a URI
             that ``pyarrow.fs`` opens), payload bytes (``spark_keras.dumps``), or a
             :class:`~spark_keras.BroadcastModel` (used as is, whatever session transforms).
-        custom_objects, safe_mode, share_weights: as for ``BroadcastModel``. Not saved:
-            a loaded stage rebuilds with ``safe_mode=True`` and needs its custom classes
-            registered where it is loaded.
+        custom_objects, safe_mode, share_weights, preprocess: as for ``BroadcastModel``.
+            Not saved: a loaded stage rebuilds with ``safe_mode=True``, needs its custom
+            classes registered where it is loaded, and has no preprocess function.
 
     The model is shipped on the first ``transform`` (a ``BroadcastModel`` created from
     the DataFrame's session) and shared by :meth:`copy`'s copies; a DataFrame of another
@@ -154,11 +154,11 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
                  inputCols: list[str] | None = None, outputCol: str = "prediction",
                  batchSize: int = DEFAULT_BATCH_SIZE, onInvalid: str = "error",
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
-                 share_weights: bool = True) -> None:
+                 share_weights: bool = True, preprocess: Any = None) -> None:
         super().__init__()
         kwargs = dict(self._input_kwargs)
-        options = {k: kwargs.pop(k) for k in ("custom_objects", "safe_mode", "share_weights")
-                   if k in kwargs}
+        options = {k: kwargs.pop(k) for k in ("custom_objects", "safe_mode", "share_weights",
+                                              "preprocess") if k in kwargs}
         model = kwargs.pop("model", None)
         self._source: _ModelSource | None = \
             _ModelSource.of(model, **options) if model is not None else None
@@ -265,13 +265,14 @@ class _ModelSource:
     def __init__(self, *, model: Any = None, location: str | None = None,
                  payload: bytes | None = None, handle: "BroadcastModel | None" = None,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
-                 share_weights: bool = True, saved_at: str | None = None) -> None:
+                 share_weights: bool = True, preprocess: Any = None,
+                 saved_at: str | None = None) -> None:
         self._model = model
         self._location = location
         self._payload = payload
         self._given = handle
         self._options = {"custom_objects": custom_objects, "safe_mode": safe_mode,
-                         "share_weights": share_weights}
+                         "share_weights": share_weights, "preprocess": preprocess}
         self._saved_at = saved_at  # the stage folder this source was loaded from
         self._handle: "BroadcastModel | None" = None
         self._owner: tuple | None = None
@@ -279,12 +280,13 @@ class _ModelSource:
 
     @classmethod
     def of(cls, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
-           safe_mode: bool = True, share_weights: bool = True) -> "_ModelSource":
+           safe_mode: bool = True, share_weights: bool = True,
+           preprocess: Any = None) -> "_ModelSource":
         from .payload import codec
         from .spark.broadcast import BroadcastModel
 
         options = {"custom_objects": custom_objects, "safe_mode": safe_mode,
-                   "share_weights": share_weights}
+                   "share_weights": share_weights, "preprocess": preprocess}
         if isinstance(model, BroadcastModel):
             return cls(handle=model, **options)
         if isinstance(model, (str, os.PathLike)):

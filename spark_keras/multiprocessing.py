@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import flavour
-from .errors import ArgumentTypeError, ModelInputError, SparkKerasError
+from .errors import ArgumentTypeError, SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
 from .inference.engine import (
@@ -103,8 +103,11 @@ def pool_predict(model: Any, data: Any, *,
         inputs, invalid = model_inputs(cols.from_data(data, columns, signature), signature,
                                        on_invalid, where="input")
     else:  # the raw columns go to the pool, whose processes run preprocess first
-        names, inputs = _raw_columns(data, columns)
-        invalid = None
+        if not (hasattr(data, "column_names") or hasattr(data, "iloc")):
+            raise ArgumentTypeError("pool_predict(preprocess=...) takes a pandas DataFrame or "
+                                    f"an Arrow table, not {type(data).__name__}")
+        raw = cols.from_frame(data, columns, None)
+        names, inputs, invalid = [c.name for c in raw], [c.array for c in raw], None
     n = len(inputs[0])
     if n == 0:
         return to_numpy(Scored(signature, empty_outputs(signature), invalid))
@@ -135,23 +138,6 @@ def pool_predict(model: Any, data: Any, *,
         parts = [out for out, _ in parts]
     outputs = [np.concatenate(p) for p in zip(*parts)]
     return to_numpy(Scored(signature, outputs, invalid))
-
-
-def _raw_columns(data: Any, columns: Sequence[str] | None) -> tuple[list[str], list[Any]]:
-    """A DataFrame's or Arrow table's column names and columns (as Arrow arrays), for
-    ``preprocess``."""
-    if not (hasattr(data, "column_names") or hasattr(data, "iloc")):
-        raise ArgumentTypeError("pool_predict(preprocess=...) takes a pandas DataFrame or an "
-                                f"Arrow table, not {type(data).__name__}")
-    names = [str(c) for c in (data.column_names if hasattr(data, "column_names") else data.columns)]
-    chosen = names if columns is None else [columns] if isinstance(columns, str) else list(columns)
-    absent = [c for c in chosen if c not in names]
-    if absent:
-        raise ModelInputError(f"column(s) {absent} not in the data; it has {names}")
-    if hasattr(data, "column_names"):
-        return chosen, [data.column(c).combine_chunks() for c in chosen]
-    labels = dict(zip(names, data.columns))
-    return chosen, [cols.pandas_to_arrow(c, data[labels[c]]) for c in chosen]
 
 
 class PoolModel(ModelHandle):

@@ -134,7 +134,7 @@ def test_binary_columns_feed_an_image_model(spark, tmp_path):
                                atol=1e-5)
 
 
-def test_text_through_dask(text_model):
+def test_text_and_preprocess_through_dask(text_model):
     pytest.importorskip("distributed")
     import dask
     import dask.dataframe as dd
@@ -150,8 +150,15 @@ def test_text_through_dask(text_model):
         with dask.config.set({"dataframe.convert-string": False}):
             frame = dd.from_pandas(pdf, npartitions=2)
         got = predict_dask(handle, frame, on_invalid="null").compute().to_numpy()
+        mlp = models.mlp(3, 4, 2)
+        x = np.arange(9, dtype="float32").reshape(3, 3)
+        csv = dd.from_pandas(pd.DataFrame({"csv": [",".join(map(str, r)) for r in x.tolist()],
+                                           "other": [1, 2, 3]}), npartitions=2)
+        with ship(client, mlp, preprocess=_decode_csv) as parsing:
+            parsed = predict_dask(parsing, csv, columns=["csv"]).compute().to_numpy()
     assert np.isnan(got[4]).all()
     np.testing.assert_allclose(np.delete(got, 4, axis=0), want, atol=1e-5)
+    np.testing.assert_allclose(parsed, mlp(x, training=False).numpy(), atol=1e-5)
 
 
 def _sequences(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -288,6 +295,12 @@ def test_preprocess_runs_in_the_workers_before_the_model(spark):
             bm.transform(df, "csv").collect()
     finally:
         bm.destroy()
+    from spark_keras.ml import KerasTransformer
+
+    stage = KerasTransformer(model=model, inputCol="csv", preprocess=_decode_csv, onInvalid="null")
+    got = [r.prediction for r in stage.transform(df).orderBy("id").collect()]
+    assert got[2] is None
+    np.testing.assert_allclose(np.array(got[:2] + got[3:]), want[[0, 1, 3]], atol=1e-5)
     failing = sk.BroadcastModel(spark, model, preprocess=_fails)
     try:
         with pytest.raises(Exception, match=r"the preprocess function tests.test_spark_real_inputs."

@@ -156,11 +156,12 @@ def _cells_to_arrow(name: str, cells: list[Any], first_row: int = 0,
 
 
 def from_frame(frame: Any, columns: Sequence[Any] | Mapping[str, Sequence[Any]] | Any | None,
-               signature: Signature) -> Columns:
+               signature: Signature | None) -> Columns:
     """Columns of a pandas DataFrame or an Arrow Table/RecordBatch: ``columns`` names
     them (default: every column), or maps each model input name to its columns. pandas
     labels need not be strings (``pd.DataFrame(array)`` has 0, 1, 2...): the frame is
-    indexed by its own labels; names are their ``str()``, for errors and matching."""
+    indexed by its own labels; names are their ``str()``, for errors and matching. Without
+    a ``signature`` (raw columns for a ``preprocess`` function) columns are read one by one."""
     labels = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
     by_name = {str(label): label for label in labels}
 
@@ -172,7 +173,7 @@ def from_frame(frame: Any, columns: Sequence[Any] | Mapping[str, Sequence[Any]] 
         names = [str(c) for c in chosen]
         if hasattr(frame, "column_names"):
             return from_arrow(names, [frame.column(c) for c in chosen])
-        block = _number_block(frame, chosen, signature)
+        block = _number_block(frame, chosen, signature) if signature is not None else None
         if block is not None:
             return [block]
         return from_pandas(names, [frame[c] for c in chosen])

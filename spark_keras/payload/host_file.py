@@ -41,6 +41,11 @@ from ..storage import write_atomically
 logger = logging.getLogger("spark_keras")
 
 SUFFIX = ".skp"
+FOLDER_NAME = "spark-keras-payloads"
+"""The name of the folder that holds a host's payload files (beside Dask's scratch
+folders, in a Spark executor's local directory). Dask puts its scratch place on its
+workers' ``sys.path``: the name must not be importable (a hyphen), or an empty folder
+named like the package would shadow an editable install of it."""
 
 
 def path_for(folder: str, key: str) -> str:

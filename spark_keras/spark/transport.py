@@ -115,7 +115,7 @@ def executor_folder() -> str | None:
     Elsewhere (a driver, a plain process) None: a handle unpickled there builds its
     model from the broadcast value alone."""
     local_dirs = os.environ.get("SPARK_LOCAL_DIRS")
-    return os.path.join(local_dirs.split(",")[0], "spark_keras") if local_dirs else None
+    return os.path.join(local_dirs.split(",")[0], host_file.FOLDER_NAME) if local_dirs else None
 
 
 def _discard_files(keys: list[str]) -> None:
