@@ -38,9 +38,16 @@ def test_bench_quick_runs_and_prints_tables():
         assert method in out
     for variant in ("array", "scalars", "vector"):
         assert re.search(rf"\|\s+{variant} \|", out), variant
-        assert f"MLP ({variant}) transform >= 0.9x hand-written best case" in out
-    assert "x best case" in out and "CNN (array) transform >= 0.9x hand-written best case" in out
-    assert "transform / predict_batch_udf >= 4" in out and "peak worker RSS" in out
+    # speed is not checked at these sizes, but each target's verdict must follow from its value
+    targets = _target_lines(out)
+    scoring = _printed_table(out, "x best case")
+    for workload, variant in [("MLP", "array"), ("MLP", "scalars"), ("MLP", "vector"), ("CNN", "array")]:
+        row = next(r for r in scoring if r["workload"].startswith(workload) and r["input"] == variant
+                   and r["method"] == "BroadcastModel.transform")
+        value = targets[f"{workload} ({variant}) transform >= 0.9x hand-written best case"]
+        assert abs(value - float(row["x best case"])) <= 0.011, (value, row)
+    assert any(label.startswith("MLP (array) transform / predict_batch_udf >= 4") for label in targets)
+    assert any("peak worker RSS" in label for label in targets)
     assert "file load speed-up" in out
     assert "MLP 90MB rebuild from a payload file (share_weights=True) >= 3x Keras pickle" in out
     # the memory section: a tiny model on 1 and 2 concurrent workers, both modes side by side
@@ -64,10 +71,11 @@ def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
         imports = rows[f"{model}: of which import tensorflow, keras, median s"]
         assert float(imports[daemon]) < float(imports[stock]), imports  # preloaded: (almost) free
         assert rows[f"{model}: of which model build (bm.value), median s"][daemon]
-        goal = rows[f"{model}: cold start less the model build, median s"]["goal"]
-        assert goal.startswith(("met", "NOT met")), goal
+        cold = rows[f"{model}: cold start less the model build, median s"]
+        assert _goal_value(cold["goal"]) == pytest.approx(float(cold[daemon]), abs=0.006), cold
     pss = rows["worker PSS, tensorflow and keras imported, no model, median MB"]
-    assert float(pss[stock]) > 0 and pss["goal"].startswith(("met", "NOT met")), pss
+    cut = 100 * (1 - float(pss[daemon]) / float(pss[stock]))
+    assert _goal_value(pss["goal"]) == pytest.approx(cut, abs=1), pss
     assert rows["transform job wall (MLP, 2 partitions x 100 rows, collected) s"][daemon]
     assert rows["daemon start to its first fork (once per executor and worker pool), median s"][stock]
     assert "preloading daemon: " in out  # the targets
@@ -105,6 +113,47 @@ def test_coldstart_fails_when_the_daemons_predict_different_bits():
         assert_identical("MLP", [("stock", same), ("daemon", np.nextafter(same, 1))], {"stock", "daemon"})
     with pytest.raises(AssertionError, match=r"no predictions from \['daemon'\]"):
         assert_identical("MLP", [("stock", same)], {"stock", "daemon"})
+
+
+_VERDICT = re.compile(r"(?:\[(met|NOT met)\] (.*)|(met|NOT met): )(?:.*?)(>=|<=) ?([0-9.]+)")
+
+
+def _verdict_follows(line: str, value: float) -> None:
+    """Fail unless the met / NOT met of a target line agrees with its value and limit."""
+    match = _VERDICT.match(line)
+    assert match, line
+    met = (match.group(1) or match.group(3)) == "met"
+    limit = float(match.group(5))
+    assert met == (value >= limit if match.group(4) == ">=" else value <= limit), line
+
+
+def _target_lines(out: str) -> dict[str, float]:
+    """Printed ``[met] label: value`` lines by label, each checked by :func:`_verdict_follows`."""
+    found = {}
+    for line in out.splitlines():
+        line = line.strip().removeprefix("- ")
+        if line.startswith(("[met] ", "[NOT met] ")) and not line.endswith("n/a"):
+            label, _, value = line.partition("] ")[2].rpartition(": ")
+            _verdict_follows(line, float(value))
+            found[label] = float(value)
+    return found
+
+
+def _goal_value(goal: str) -> float:
+    """The value of a cold-start goal cell ("met: 0.120 s <= 0.5 s", "NOT met: 12% lower
+    >= 40%"), checked by :func:`_verdict_follows`."""
+    value = float(re.match(r"(?:NOT )?met: ([0-9.]+)", goal).group(1))
+    _verdict_follows(goal, value)
+    return value
+
+
+def test_target_verdicts_are_checked_against_their_values():
+    _verdict_follows("[met] x >= 0.9x best: 0.95", 0.95)
+    _verdict_follows("NOT met: 12% lower >= 40%", 12)
+    with pytest.raises(AssertionError):
+        _verdict_follows("[met] x >= 0.9x best: 0.50", 0.5)
+    with pytest.raises(AssertionError):
+        _verdict_follows("met: 0.900 s <= 0.5 s", 0.9)
 
 
 def _printed_table(out: str, column: str) -> list[dict[str, str]]:
