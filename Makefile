@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-compat demo bench bench-tf-keras fuzz check-java venv clean
+.PHONY: test test-slow test-compat demo bench bench-tf-keras fuzz check-java venv clean
 
 venv: $(STAMP)
 
@@ -24,8 +24,12 @@ check-java:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required by PySpark 4, found '$$v' (java -version)" >&2; exit 1; fi
 
+# The fast path (< 20 min here); `make test-slow` runs the cases marked slow.
 test: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+
+test-slow: check-java $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 # Compatibility legs, each in its own venv (.venv-spark35, .venv-tfkeras), reported as a
 # matrix: PySpark 3.5 + Keras 3 (the Spark suite), PySpark 4.3 + tf-keras (TF_USE_LEGACY_KERAS=1).
