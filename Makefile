@@ -17,6 +17,9 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dask]'
+	@# keras-hub needs tensorflow-text, which requires `tensorflow` (a second TensorFlow beside
+	@# tensorflow-cpu): both without dependencies; keras-hub's others are in the test extra
+	$(PY) -m pip install --quiet -c constraints.txt --no-deps keras-hub tensorflow-text
 	@touch $(STAMP)
 
 check-java:
