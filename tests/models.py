@@ -142,3 +142,47 @@ def fully_convolutional() -> keras.Model:
     pixels = layers.Conv2D(2, 3, padding="same", name="pixels")(inp)
     pooled = layers.Dense(1, name="pooled")(layers.GlobalAveragePooling2D()(pixels))
     return keras.Model(inp, {"pixels": pixels, "pooled": pooled}, name="fcn")
+
+
+HUB_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog", "sat",
+                  "on", "mat", "ran", "fast", "big", "small", "red", "blue", "and", "is"]
+
+
+def _spread_weights(model: keras.Model, seed: int) -> None:
+    """Random weights of unit scale, so that predictions depend visibly on the input (a
+    fresh keras-hub task head gives nearly the same logits for any input)."""
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.normal(0.0, 0.5, w.shape).astype(w.dtype) for w in model.get_weights()])
+
+
+def hub_text_classifier(num_classes: int = 3):
+    """A tiny keras-hub ``BertTextClassifier`` with its preprocessor (a 20-word vocabulary,
+    sequences of 8 tokens, 2 layers, hidden 16), built offline."""
+    import keras_hub
+
+    keras.utils.set_random_seed(5)
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=HUB_VOCABULARY, lowercase=True)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=len(HUB_VOCABULARY), num_layers=2, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=16)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes, preprocessor=preprocessor)
+    _spread_weights(classifier, 5)
+    return classifier
+
+
+def hub_image_classifier(num_classes: int = 3, size: int = 16):
+    """A tiny keras-hub ``ResNetImageClassifier`` whose preprocessor resizes images of any
+    size to ``size`` x ``size`` and scales them to [0, 1], built offline."""
+    import keras_hub
+
+    keras.utils.set_random_seed(6)
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64],
+        stackwise_num_blocks=[1], stackwise_num_strides=[1], block_type="basic_block",
+        image_shape=(None, None, 3))
+    converter = keras_hub.layers.ResNetImageConverter(image_size=(size, size), scale=1 / 255)
+    preprocessor = keras_hub.models.ResNetImageClassifierPreprocessor(converter)
+    classifier = keras_hub.models.ResNetImageClassifier(backbone, num_classes,
+                                                        preprocessor=preprocessor)
+    return classifier

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import flavour
 from .signature import Signature, signature_of
+from .tasks import attached_preprocessor, preprocessed
 
 DEFAULT_BATCH_SIZE = 1024
 _ATTR = "_spark_keras_predictor"
@@ -21,7 +22,8 @@ _lock = threading.Lock()
 
 
 class Predictor:
-    """A model's compiled inference function, with its input/output signature."""
+    """A model's compiled inference function, with its input/output signature. A task
+    model's attached preprocessor runs inside the compiled call (see :mod:`.tasks`)."""
 
     def __init__(self, model: Any, signature: Signature | None = None) -> None:
         self.model = model
@@ -36,9 +38,13 @@ class Predictor:
 
     def _compile(self) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
         model, sig = self.model, self.signature
+        preprocessor = attached_preprocessor(model)
 
         def call(*xs: Any) -> list[Any]:
-            return self._flat_outputs(model(sig.pack_inputs(list(xs)), training=False))
+            x = sig.pack_inputs(list(xs))
+            if preprocessor is not None:  # a task model: its preprocessing in the same call
+                x = preprocessed(preprocessor, x)
+            return self._flat_outputs(model(x, training=False))
 
         return flavour.current().compile_call(call, sig.inputs)
 

@@ -55,7 +55,18 @@ def _known(shape: Any, what: str) -> tuple[int | None, ...]:
 
 
 def signature_of(model: Any) -> Signature:
-    """Input and output specs of a built Keras 3 or tf-keras model."""
+    """Input and output specs of a built Keras 3 or tf-keras model. A task model with an
+    attached preprocessor (keras-hub) takes what its preprocessor takes (see
+    :mod:`.tasks`)."""
+    from .tasks import attached_preprocessor, task_signature
+
+    graph = _graph_signature(model)
+    preprocessor = attached_preprocessor(model)
+    return graph if preprocessor is None else task_signature(model, preprocessor, graph)
+
+
+def _graph_signature(model: Any) -> Signature:
+    """Input and output specs of the model's own call."""
     rt = flavour.current()
     graph = getattr(model, "_functional", None) or model  # a Keras 3 Sequential wraps one
     # the model's own nesting of its symbolic inputs/outputs (Keras 3, then tf-keras names)
