@@ -13,20 +13,22 @@ in the driver's ``__main__`` works in the workers.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from ..errors import ArgumentTypeError, PreprocessError
-from .columns import Column, Columns, from_frame, from_numpy, from_pandas
-from .signature import Signature
+
+if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with every handle
+    import pandas as pd  # (the preloading daemon imports handles before Arrow may load)
+
+    from .columns import Column, Columns
+    from .signature import Signature
 
 
 class Preprocess:
     """``fn`` with its name (for errors), pickled by value once, unpickled in a worker
     at first use."""
 
-    def __init__(self, fn: Callable[[pd.DataFrame], Any]) -> None:
+    def __init__(self, fn: "Callable[[pd.DataFrame], Any]") -> None:
         import cloudpickle
 
         if not callable(fn):
@@ -34,7 +36,7 @@ class Preprocess:
                                     f"not {type(fn).__name__}")
         self.name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
         self._pickled = cloudpickle.dumps(fn)
-        self._fn: Callable[[pd.DataFrame], Any] | None = fn
+        self._fn: "Callable[[pd.DataFrame], Any] | None" = fn
 
     @classmethod
     def of(cls, fn: "Callable[[pd.DataFrame], Any] | Preprocess | None") -> "Preprocess | None":
@@ -45,7 +47,7 @@ class Preprocess:
         return {"name": self.name, "_pickled": self._pickled, "_fn": None}
 
     @property
-    def fn(self) -> Callable[[pd.DataFrame], Any]:
+    def fn(self) -> "Callable[[pd.DataFrame], Any]":
         if self._fn is None:
             import pickle
 
@@ -59,6 +61,10 @@ class Preprocess:
     def apply(self, columns: Columns, signature: Signature, *, where: str = "batch",
               first_row: int = 0) -> Columns:
         """The model's input columns made by ``fn`` from ``columns`` (one batch)."""
+        import pandas as pd
+
+        from .columns import from_frame, from_numpy
+
         frame = to_frame(columns)
         n = len(frame)
         try:
@@ -79,6 +85,8 @@ class Preprocess:
 
 def to_frame(columns: Columns) -> pd.DataFrame:
     """Columns as a pandas DataFrame (binary as bytes, strings as str, lists as arrays)."""
+    import pandas as pd
+
     flat = _flat(columns)
     return pd.DataFrame({c.name: c.array.to_pandas(types_mapper=None) for c in flat},
                         index=pd.RangeIndex(len(flat[0].array) if flat else 0))
@@ -87,6 +95,10 @@ def to_frame(columns: Columns) -> pd.DataFrame:
 def columns_of_rows(rows: list[Any]) -> list[Column]:
     """Python rows (``rdd.mapPartitions``) as named columns for ``fn``: a Row's or dict's
     fields, else one column ``value``."""
+    import pandas as pd
+
+    from .columns import from_pandas
+
     first = rows[0] if rows else None
     if hasattr(first, "asDict") or isinstance(first, Mapping):
         frame = pd.DataFrame([r.asDict() if hasattr(r, "asDict") else dict(r) for r in rows])
