@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends] [--write]`.
+"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs] [--write]`.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -22,7 +22,7 @@ sys.path[:0] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").spl
 
 from . import report  # noqa: E402
 
-SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends")
+SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends", "inputs")
 
 
 def machine() -> str:
@@ -138,6 +138,18 @@ def main(argv: list[str] | None = None) -> int:
               "(MLP, batch 1024)\n")
         print(report.table(rows, floatfmt="{:,.2f}"))
         section_done("frontends")
+    if "inputs" in sections:
+        from . import inputs_bench
+
+        rows, lengths = inputs_bench.run(quick=args.quick)
+        results["inputs"], results["inputs_lengths"] = rows, lengths
+        print("\n## Text, image bytes and variable-length sequences on local[2]\n")
+        print(report.table(rows, floatfmt="{:,.2f}"))
+        print()
+        print(report.table(lengths, floatfmt="{:,.2f}"))
+        for line in report.inputs_targets(rows, lengths):
+            print(line)
+        section_done("inputs")
     results["seconds"] = time.perf_counter() - started
     print(f"\nbench finished in {results['seconds']:.0f}s")
     if args.write:

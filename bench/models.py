@@ -39,3 +39,102 @@ def actor_model() -> Any:
     x = layers.Dense(32, activation="relu")(x)
     actions = layers.Dense(5, activation="softmax")(x)
     return keras.Model(inp, actions, name="actor")
+
+
+# --- the inputs section's models: text, PNG bytes, variable-length sequences ----------------
+
+WORDS = [a + b for a in ("ka", "lo", "mi", "nu", "pe", "ri", "so", "ta", "ve", "zu")
+         for b in ("n", "r", "s", "t", "l", "m", "d", "k", "p", "x")]  # 100 short words
+
+
+def text_model(sequence_length: int = 16) -> Any:
+    """Strings in (one sentence per row, ``Input(())``), TextVectorization over
+    :data:`WORDS` (given, not adapted, so the vocabulary is in the config) -> Embedding ->
+    Dense, 4 class probabilities out."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(7)
+    inp = keras.Input((), dtype="string", name="text")
+    ids = layers.TextVectorization(vocabulary=WORDS, output_sequence_length=sequence_length)(inp)
+    spread = keras.initializers.RandomNormal(stddev=1.0)  # predictions visibly differ by input
+    x = layers.Embedding(len(WORDS) + 2, 32, embeddings_initializer=spread)(ids)
+    x = layers.Dense(32, activation="relu")(layers.GlobalAveragePooling1D()(x))
+    out = layers.Dense(4, activation="softmax", kernel_initializer=spread)(x)
+    return keras.Model(inp, out, name="text_vectorize_embed_dense")
+
+
+def _decode_png_class() -> type:
+    """The layer decoding PNG bytes in the graph, built (and registered with Keras) on
+    first use: importing this module must not import Keras, since the cold-start section
+    times that import in workers that unpickle bench functions."""
+    import keras
+
+    @keras.saving.register_keras_serializable(package="spark_keras_bench")
+    class DecodePng(keras.layers.Layer):
+        """PNG bytes (one string per row) -> (size, size, 3) float32 in [0, 1]."""
+
+        def __init__(self, size: int = 64, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.size = size
+
+        def call(self, data: Any) -> Any:
+            import tensorflow as tf
+
+            def one(png: Any) -> Any:
+                return tf.ensure_shape(tf.io.decode_png(png, channels=3), (self.size, self.size, 3))
+
+            images = tf.map_fn(one, tf.reshape(data, (-1,)), fn_output_signature=tf.uint8)
+            return tf.cast(images, "float32") / 255.0
+
+        def compute_output_shape(self, input_shape: Any) -> tuple:
+            return (input_shape[0], self.size, self.size, 3)
+
+        def get_config(self) -> dict:
+            return {**super().get_config(), "size": self.size}
+
+    DecodePng.__module__, DecodePng.__qualname__ = __name__, "DecodePng"  # importable by name
+    return DecodePng
+
+
+def decode_png_class() -> type:
+    """``DecodePng``, made and registered with Keras on the first call in this process."""
+    cls = globals().get("DecodePng")
+    if cls is None:
+        cls = globals()["DecodePng"] = _decode_png_class()
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    """``bench.models.DecodePng`` (made on first access): how a worker unpickling a model
+    that uses the layer finds it, by reference."""
+    if name == "DecodePng":
+        return decode_png_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def png_model(size: int = 64) -> Any:
+    """PNG bytes in (``Input(())``, ``tf.string``), decoded in the graph (DecodePng), a
+    small CNN, 10 class probabilities out."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(8)
+    inp = keras.Input((), dtype="string", name="png")
+    x = decode_png_class()(size)(inp)
+    x = layers.Conv2D(16, 3, strides=2, activation="relu")(x)
+    x = layers.Conv2D(32, 3, strides=2, activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    spread = keras.initializers.RandomNormal(stddev=4.0)  # predictions visibly differ by input
+    out = layers.Dense(10, activation="softmax", kernel_initializer=spread)(x)
+    return keras.Model(inp, out, name="png_decode_cnn")
+
+
+def gru_model() -> Any:
+    """A GRU over sequences of any length (``Input((None, 3))``), 2 outputs."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(9)
+    inp = keras.Input((None, 3), name="sequence")
+    return keras.Model(inp, layers.Dense(2)(layers.GRU(16)(inp)), name="gru_any_length")

@@ -60,6 +60,26 @@ def test_bench_quick_runs_and_prints_tables():
         assert row["weights mapped %"] == ("100.00" if row["mode"] == "shared file" else "0.00"), row
 
 
+def test_bench_inputs_quick_scores_text_png_bytes_and_sequences():
+    # 2,000 sentences, 200 PNGs, 400 sequences per length set, one timed run each: ~2 minutes
+    out = _quick_bench("inputs", timeout=600)
+    targets = _target_lines(out)
+    scored = _printed_table(out, "x best case")
+    for workload, variant in [("text", "string column"), ("image", "binary column (PNG)")]:
+        rows = {r["method"]: r for r in scored if r["workload"].startswith(workload) and r["input"] == variant}
+        assert set(rows) == {"predict_batch_udf", "BroadcastModel.transform", "hand-written mapInArrow (best case)",
+                             "identity mapInArrow", "raw model (1 process)", "ceiling 1/(1/raw+1/identity)"}, rows
+        assert all(float(r["rows/s"].replace(",", "")) > 0 for r in rows.values()), rows
+        value = targets[f"{workload} ({variant}) transform >= 0.9x hand-written best case"]
+        assert abs(value - float(rows["BroadcastModel.transform"]["x best case"])) <= 0.011, (value, rows)
+    lengths = _printed_table(out, "x equal lengths")
+    assert [(r["input"], r["method"]) for r in lengths] == [
+        (variant, method) for variant in ("equal lengths (40)", "4 distinct lengths", "64 distinct lengths")
+        for method in ("BroadcastModel.transform", "raw model (1 process, one call per length)")]
+    assert all(float(r["rows/s"].replace(",", "")) > 0 for r in lengths), lengths
+    assert [r["x equal lengths"] for r in lengths[:2]] == ["1.00", "1.00"], lengths
+
+
 def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
     # two fresh workers per model and daemon, a 2-partition transform job: under ~90 s
     out = _quick_bench("coldstart", timeout=400)
