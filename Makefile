@@ -16,7 +16,8 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dask]'
+	@# the base install has no PySpark and no TensorFlow: the extras bring a full environment
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dask,spark,connect,tensorflow-cpu]'
 	@# keras-hub needs tensorflow-text, which requires `tensorflow` (a second TensorFlow beside
 	@# tensorflow-cpu): both without dependencies; keras-hub's others are in the test extra
 	$(PY) -m pip install --quiet -c constraints.txt --no-deps keras-hub tensorflow-text

@@ -24,11 +24,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-try:
-    from distributed.diagnostics.plugin import WorkerPlugin
-except ImportError as exc:  # pragma: no cover
-    raise ImportError("spark_keras.dask needs dask and distributed: "
-                      "pip install 'spark-keras[dask]'") from exc
+from ._deps import require
+
+require("distributed", "spark_keras.dask")
+from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
 
 from . import flavour
 from .cache import model_cache

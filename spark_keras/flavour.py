@@ -25,6 +25,8 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from ._deps import require
+
 KERAS3 = "keras3"
 TF_KERAS = "tf_keras"
 
@@ -184,10 +186,10 @@ def current() -> Runtime:
 
     with quiet_tensorflow_startup():
         if legacy_requested():
-            import tf_keras
+            tf_keras = require("tf_keras", "legacy tf-keras (TF_USE_LEGACY_KERAS=1)")
 
             return TfKerasRuntime(tf_keras.__version__, "tensorflow", tf_keras)
-        import keras
+        keras = require("keras", "Keras")
 
     backend = keras.backend.backend()
     return _KERAS3_BY_BACKEND.get(backend, Keras3Runtime)(keras.__version__, backend, keras)

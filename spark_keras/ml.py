@@ -46,7 +46,10 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pyspark import keyword_only
+from ._deps import require
+
+require("pyspark", "spark_keras.ml (KerasTransformer)")
+from pyspark import keyword_only  # noqa: E402
 from pyspark.ml.base import Transformer
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasInputCols, HasOutputCol

@@ -1,0 +1,8 @@
+"""``python -m spark_keras``: the ``spark-keras`` command (:mod:`spark_keras.cli`)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""What ``pip install spark-keras`` gives: dependencies declared as a library declares them
+(no PySpark and no TensorFlow distribution in the base install, an extra for each), one
+clear error naming the extra when a part's dependency is missing, and the installed
+``score`` job (``spark-keras`` console script, ``python -m spark_keras``, the job file for
+spark-submit) run from a real wheel installed outside the checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from email.parser import Parser
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from .conftest import REPO_ROOT
+
+PYTHON = sys.executable
+BIN = os.path.dirname(PYTHON)
+
+
+def run_python(code: str, *, cwd=None, timeout: int = 120, **env: str):
+    """``python -c code`` in this environment plus ``env``, without SPARK_REMOTE."""
+    base = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
+    return subprocess.run([PYTHON, "-c", code], cwd=cwd, env=dict(base, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# --- one clear error per missing optional dependency ---------------------------------------
+
+# ``sys.modules[name] = None`` makes ``import name`` raise ModuleNotFoundError, as if the
+# package were not installed.
+BLOCK = "import sys\nfor _name in {names!r}:\n    sys.modules[_name] = None\n"
+
+CHECK = """
+import spark_keras as sk
+from spark_keras._deps import MissingDependencyError
+try:
+{action}
+except MissingDependencyError as exc:
+    assert isinstance(exc, ImportError) and isinstance(exc, sk.SparkKerasError)
+    print("MISSING", exc.name, "|", exc)
+else:
+    print("NO ERROR")
+"""
+
+MISSING = {  # case: (modules blocked, what the user does, the module named, the extra)
+    "BroadcastModel without pyspark": (["pyspark"], "sk.BroadcastModel", "pyspark", "spark"),
+    "KerasTransformer without pyspark": (["pyspark"], "from spark_keras.ml import KerasTransformer",
+                                         "pyspark", "spark"),
+    "a model without tensorflow": (["tensorflow"], "sk.load(MODEL)", "tensorflow", "tensorflow"),
+    "tf-keras without tf_keras": (["tf_keras"], "sk.load(MODEL)", "tf_keras", "legacy"),
+    "Dask without distributed": (["distributed"], "import spark_keras.dask", "distributed", "dask"),
+}
+
+
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory) -> str:
+    import spark_keras as sk
+
+    from . import models
+
+    path = str(tmp_path_factory.mktemp("packaging") / "mlp.skp")
+    sk.save(models.mlp(n_features=4, hidden=4), path)
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(MISSING))
+def test_a_missing_dependency_raises_one_error_naming_its_extra(case, payload):
+    blocked, action, module, extra = MISSING[case]
+    code = (BLOCK.format(names=blocked) + f"MODEL = {payload!r}\n"
+            + CHECK.format(action="    " + action))
+    env = {"TF_USE_LEGACY_KERAS": "1"} if module == "tf_keras" else {}
+    proc = run_python(code, **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"MISSING {module} |"), line
+    assert f"pip install 'spark-keras[{extra}]'" in line and repr(module) in line, line
+
+
+def test_the_base_install_imports_without_spark_tensorflow_or_dask():
+    """``import spark_keras`` and the job's ``--help`` need none of the optional parts;
+    running the job without PySpark stops with the one-line error naming the extra."""
+    code = BLOCK.format(names=["pyspark", "tensorflow", "keras", "tf_keras", "distributed",
+                               "dask"]) + """
+import spark_keras, spark_keras.cli, spark_keras.jobs.score
+assert not {"pyspark", "tensorflow", "keras"} & {m for m, v in sys.modules.items() if v}
+try:
+    spark_keras.cli.main(["score", "--help"])
+except SystemExit as exc:
+    assert exc.code == 0
+status = spark_keras.cli.main(["score", "--model", "m.keras", "--input", "in.parquet",
+                               "--output", "out", "--features", "f", "--master", "local[1]"])
+print("STATUS", status)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--model MODEL" in proc.stdout and proc.stdout.strip().endswith("STATUS 2"), proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors == ["spark-keras score: error: the score job needs the Python package "
+                      "'pyspark', which is not installed: pip install 'spark-keras[spark]'"], \
+        proc.stderr[-3000:]
+
+
+def test_the_job_on_connect_without_grpc_names_the_connect_extra(tmp_path):
+    """PySpark is there but not Spark Connect's gRPC client: the job stops with one line
+    naming the ``connect`` extra (a script, as the console script runs: PySpark's own
+    check exits quietly under ``python -c``)."""
+    pd.DataFrame({"f": [1.0]}).to_parquet(tmp_path / "in.parquet", index=False)
+    script = tmp_path / "job.py"
+    script.write_text(BLOCK.format(names=["grpc"]) + """
+from spark_keras.cli import main
+print("STATUS", main(["score", "--remote", "sc://localhost:1", "--model", "m.keras",
+                      "--input", "in.parquet", "--output", "out", "--features", "f"]))
+""")
+    base = {k: v for k, v in os.environ.items() if k != "SPARK_REMOTE"}
+    proc = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=base, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("STATUS 2"), \
+        (proc.stdout + proc.stderr)[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "spark-keras score: error: the score job on Spark Connect needs"), proc.stderr[-3000:]
+    assert errors[0].endswith("pip install 'spark-keras[connect]'") and "grpc" in errors[0], errors
+
+
+# --- a real wheel, installed outside the checkout -----------------------------------------
+
+SOURCES = ["setup.cfg", "pyproject.toml", "README.md", "spark_keras"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """The package's wheel built from a copy of the sources (the checkout is not touched)
+    and installed with ``pip install --target`` into ``site``; ``cwd`` is a folder outside
+    the checkout."""
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"
+    src.mkdir()
+    for name in SOURCES:
+        path = os.path.join(REPO_ROOT, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, src / name)
+    pip = [PYTHON, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(root / "dist"), str(src)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = list((root / "dist").glob("spark_keras-*.whl"))
+    site = root / "site"
+    done = subprocess.run([*pip, "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cwd = root / "elsewhere"
+    cwd.mkdir()
+    return {"wheel": str(wheel), "site": str(site), "cwd": cwd}
+
+
+def wheel_metadata(wheel: str):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        [entry] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        return names, Parser().parsestr(z.read(meta).decode()), z.read(entry).decode()
+
+
+def test_wheel_declares_no_framework_and_an_extra_for_each(installed):
+    names, meta, entry_points = wheel_metadata(installed["wheel"])
+    requires = meta.get_all("Requires-Dist")
+    base = {r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip()
+            for r in requires if "extra ==" not in r}
+    assert base == {"keras", "numpy", "pandas", "pyarrow", "cloudpickle"}, base
+    extras = set(meta.get_all("Provides-Extra"))
+    assert {"spark", "connect", "tensorflow", "tensorflow-cpu", "dask", "legacy", "hub",
+            "test"} <= extras, extras
+
+    def extra(name: str) -> str:
+        return "\n".join(r for r in requires if f'extra == "{name}"' in r)
+
+    assert "pyspark" in extra("spark") and "pyspark" in extra("connect") and "grpcio" in extra("connect")
+    assert "tensorflow-cpu" not in extra("tensorflow") and "tensorflow<" in extra("tensorflow")
+    assert "tensorflow-cpu" in extra("tensorflow-cpu") and "tf-keras" in extra("legacy")
+    for needed in ("pyspark", "tensorflow-cpu", "distributed", "grpcio", "pytest"):
+        assert needed in extra("test"), needed  # `make test` gets everything from one extra
+    assert "spark_keras/py.typed" in names
+    assert "spark-keras = spark_keras.cli:main" in entry_points
+
+
+def installed_env(installed: dict, **env: str) -> dict:
+    """This environment with only the installed copy importable (PYTHONPATH=site; the
+    checkout's editable install comes after it on sys.path), no SPARK_REMOTE."""
+    base = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "PYTHONPATH")}
+    return dict(base, PYTHONPATH=installed["site"], PYSPARK_PYTHON=PYTHON,
+                PYSPARK_DRIVER_PYTHON=PYTHON, TF_CPP_MIN_LOG_LEVEL="2", **env)
+
+
+def test_installed_console_script_and_module(installed):
+    site, cwd = installed["site"], installed["cwd"]
+    env = installed_env(installed)
+    script = os.path.join(site, "bin", "spark-keras")
+    helped = subprocess.run([script, "score", "--help"], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    for option in ("--model", "--input", "--output", "--features", "--master", "--remote",
+                   "--batch-size", "--on-invalid", "--overwrite", "--format"):
+        assert option in helped.stdout, option
+    where = subprocess.run([PYTHON, "-m", "spark_keras", "job-file", "score"], cwd=cwd,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr[-3000:]
+    assert where.stdout.strip() == os.path.join(site, "spark_keras", "jobs", "score.py")
+    assert os.path.isfile(where.stdout.strip())
+
+
+PROBE = '''"""Preloaded by the Spark workers' daemon: where its spark_keras comes from."""
+import json, os, sys
+with open(os.path.join(os.environ["PROBE_OUT"], f"worker-{os.getpid()}.json"), "w") as f:
+    json.dump({"spark_keras": sys.modules["spark_keras"].__file__}, f)
+'''
+
+
+@pytest.mark.slow
+def test_installed_job_scores_through_spark_submit(installed, payload):
+    """spark-submit of the installed job's file, as README "Deploying" says: the driver
+    and the Python workers import spark_keras from the installed copy, not the checkout."""
+    import spark_keras as sk
+
+    site, cwd = installed["site"], installed["cwd"]
+    x = np.random.default_rng(5).standard_normal((120, 4)).astype("float32")
+    pd.DataFrame({"id": np.arange(120), "features": list(x)}).to_parquet(
+        cwd / "in.parquet", index=False)
+    probe_dir, probe_out = cwd / "probe", cwd / "probe-out"
+    probe_dir.mkdir()
+    probe_out.mkdir()
+    (probe_dir / "where_probe.py").write_text(PROBE)
+    job = subprocess.run([PYTHON, "-c", "import spark_keras.jobs as j; print(j.job_file('score'))"],
+                         cwd=cwd, env=installed_env(installed), capture_output=True, text=True,
+                         timeout=120).stdout.strip()
+    assert job.startswith(site + os.sep), job
+    workers_path = f"{site}{os.pathsep}{probe_dir}"
+    cmd = [os.path.join(BIN, "spark-submit"), "--master", "local[2]",
+           "--conf", "spark.ui.enabled=false",
+           "--conf", f"spark.pyspark.python={PYTHON}",
+           "--conf", f"spark.executorEnv.PYTHONPATH={workers_path}",
+           "--conf", "spark.executorEnv.SPARK_KERAS_PRELOAD=where_probe",
+           "--conf", f"spark.executorEnv.PROBE_OUT={probe_out}",
+           job, "--model", payload, "--input", "in.parquet", "--output", "scored",
+           "--features", "features", "--batch-size", "32"]
+    proc = subprocess.run(cmd, cwd=cwd, env=installed_env(installed), capture_output=True,
+                          text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert any(line.startswith("SCORED rows=120 ") for line in proc.stdout.splitlines()), output[-3000:]
+    workers = [json.loads(p.read_text()) for p in probe_out.glob("worker-*.json")]
+    assert workers, output[-3000:]
+    assert all(w["spark_keras"].startswith(site + os.sep) for w in workers), workers
+    scored = pd.read_parquet(cwd / "scored").sort_values("id")
+    assert scored["id"].tolist() == list(range(120))
+    model = sk.load(payload)
+    np.testing.assert_allclose(scored["prediction"].to_numpy(), np.asarray(model(x))[:, 0],
+                               atol=1e-5)  # one output unit: a scalar column
