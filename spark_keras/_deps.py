@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .errors import SparkKerasError
+from .errors import MissingDependencyError
 
 __all__ = ["MissingDependencyError", "EXTRAS", "require"]
 
@@ -29,11 +29,6 @@ EXTRAS: dict[str, str] = {
     "keras_hub": "hub",
     "keras": "tensorflow",  # in the base install; a broken one is reinstalled with it
 }
-
-
-class MissingDependencyError(SparkKerasError, ImportError):
-    """A part of spark_keras needs a package that is not installed; the message names
-    the ``pip install 'spark-keras[extra]'`` that installs it."""
 
 
 def _advice(extra: str | None, missing: str) -> str:

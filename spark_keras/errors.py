@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["SparkKerasError", "PayloadError", "StorageError", "LocalWriteError", "ModelInputError", "ModelError",
-           "ArgumentError", "ArgumentTypeError", "PreprocessError"]
+           "ArgumentError", "ArgumentTypeError", "PreprocessError", "MissingDependencyError"]
 
 
 class SparkKerasError(Exception):
@@ -33,6 +33,11 @@ class PreprocessError(ModelInputError):
 
 class ModelError(SparkKerasError, ValueError):
     """A model spark_keras cannot work with as it is (not built, unknown input shape)."""
+
+
+class MissingDependencyError(SparkKerasError, ImportError):
+    """A part of spark_keras needs a package that is not installed; the message names
+    the ``pip install 'spark-keras[extra]'`` that installs it."""
 
 
 class ArgumentError(SparkKerasError, ValueError):

@@ -39,7 +39,7 @@ BLOCK = "import sys\nfor _name in {names!r}:\n    sys.modules[_name] = None\n"
 
 CHECK = """
 import spark_keras as sk
-from spark_keras._deps import MissingDependencyError
+from spark_keras.errors import MissingDependencyError
 try:
 {action}
 except MissingDependencyError as exc:

@@ -225,7 +225,7 @@ def test_connect_path_never_touches_the_jvm():
     remote."""
     import ast
 
-    with open(os.path.join(REPO_ROOT, "jobs", "score.py"), encoding="utf-8") as f:
+    with open(os.path.join(REPO_ROOT, "spark_keras", "jobs", "score.py"), encoding="utf-8") as f:
         tree = ast.parse(f.read())
     jvm = {"sparkContext", "_jvm", "_jsc", "SparkConf"}
     users = {top.name for top in tree.body if isinstance(top, (ast.FunctionDef, ast.ClassDef))

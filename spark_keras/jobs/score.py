@@ -50,7 +50,8 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from spark_keras._deps import MissingDependencyError, require
+from spark_keras._deps import require
+from spark_keras.errors import MissingDependencyError
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
