@@ -98,6 +98,15 @@ def builds_by_worker(build_log: str, key: str) -> dict[tuple[str, int], int]:
     return dict(Counter((r["host"], r["pid"]) for r in read_build_log(build_log) if r["key"] == key))
 
 
+def build_records(build_log: str, key: str) -> list[dict]:
+    """Every build of the model ``key`` logged by the Python workers (with its weight
+    memory: ``shared``, ``private_bytes``...); unlike :func:`worker_cache_infos`, it does
+    not depend on the workers still being alive."""
+    from spark_keras.cache import read_build_log
+
+    return [r for r in read_build_log(build_log) if r["key"] == key]
+
+
 def worker_cache_infos(spark, handle=None, sql: bool = True) -> dict[int, dict]:
     """``cache_info()`` from live Python workers, by pid. Spark keeps separate worker
     pools for SQL (Arrow) and RDD tasks: ask the pool the scoring used. Passing a handle

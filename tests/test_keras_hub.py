@@ -16,7 +16,7 @@ from spark_keras.errors import ModelError  # noqa: E402
 from spark_keras.inference import TensorSpec, predictor_for, signature_of  # noqa: E402
 
 from . import models  # noqa: E402
-from .conftest import builds_by_worker, make_spark, preloaded_daemons, worker_cache_infos  # noqa: E402
+from .conftest import build_records, builds_by_worker, make_spark, preloaded_daemons  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,9 +68,8 @@ def test_a_text_classifier_scores_a_string_column(spark, text_bm, classifier, bu
     # weights in the executor's shared payload file
     builds = builds_by_worker(build_log, text_bm.key)
     assert builds and set(builds.values()) == {1}, builds
-    infos = worker_cache_infos(spark, text_bm)
-    memory = [i["memory_by_key"][text_bm.key] for i in infos.values() if text_bm.key in i["memory_by_key"]]
-    assert memory and all(m["shared"] for m in memory), infos
+    records = build_records(build_log, text_bm.key)
+    assert records and all(r["shared"] for r in records), records
 
 
 def test_a_null_text_is_an_invalid_row(spark, text_bm, classifier):

@@ -13,7 +13,7 @@ import spark_keras as sk
 from spark_keras.multiprocessing import pool_predict
 
 from . import models
-from .conftest import builds_by_worker, worker_cache_infos
+from .conftest import build_records, builds_by_worker
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -55,9 +55,8 @@ def test_a_string_column_feeds_a_text_model_everywhere(spark, text_bm, text_mode
     # vocabulary travels in the payload)
     assert builds_by_worker(build_log, text_bm.key) and \
         set(builds_by_worker(build_log, text_bm.key).values()) == {1}
-    infos = worker_cache_infos(spark, text_bm)
-    memory = [i["memory_by_key"][text_bm.key] for i in infos.values() if text_bm.key in i["memory_by_key"]]
-    assert memory and all(m["shared"] for m in memory), infos
+    records = build_records(build_log, text_bm.key)
+    assert records and all(r["shared"] for r in records), records
 
 
 def test_null_and_wrongly_typed_text(spark, text_bm, text_model):
