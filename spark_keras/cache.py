@@ -36,6 +36,7 @@ class _Entry:
     value: Any
     nbytes: int
     memory: dict[str, Any] = field(default_factory=dict)  # shared/private weight bytes
+    placement: dict[str, Any] = field(default_factory=dict)  # device, task CPUs, threads
 
 
 class ModelCache:
@@ -53,10 +54,12 @@ class ModelCache:
         self._build_seconds = 0.0
 
     def get_or_build(self, key: str, build: Callable[[], tuple]) -> _Entry:
-        """The entry for ``key``. On a miss ``build()`` returns ``(value, nbytes)`` or
-        ``(value, nbytes, memory)``, ``memory`` saying where the weights live
-        (``shared``, ``shared_bytes``, ``private_bytes``; ``shared_fallback``: why not
-        shared, when the shared file could not be written)."""
+        """The entry for ``key``. On a miss ``build()`` returns ``(value, nbytes)``,
+        ``(value, nbytes, memory)`` or ``(value, nbytes, memory, placement)``, ``memory``
+        saying where the weights live (``shared``, ``shared_bytes``, ``private_bytes``;
+        ``shared_fallback``: why not shared, when the shared file could not be written),
+        ``placement`` the device the model was built on and the budget it was built
+        with (see :mod:`spark_keras.spark.resources`)."""
         with self._lock:
             entry = self._hit(key)
             if entry is not None:
@@ -68,18 +71,19 @@ class ModelCache:
                 if entry is not None:
                     return entry
             started = time.perf_counter()
-            value, nbytes, *memory = build()
+            value, nbytes, *extra = build()
             seconds = time.perf_counter() - started
-            entry = _Entry(value, nbytes, dict(memory[0]) if memory else {})
+            entry = _Entry(value, nbytes, *(dict(e) for e in extra))
             with self._lock:
                 self._builds[key] = self._builds.get(key, 0) + 1
                 self._build_seconds += seconds
                 self._entries[key] = entry
                 self._evict_over_limits(keep=key)
                 self._building.pop(key, None)
-            logger.info("built model %s in %.2fs (pid %d)%s", key, seconds, os.getpid(),
-                        " on shared weights" if entry.memory.get("shared") else "")
-            _log_build(key, seconds, nbytes, entry.memory)
+            logger.info("built model %s in %.2fs (pid %d)%s%s", key, seconds, os.getpid(),
+                        " on shared weights" if entry.memory.get("shared") else "",
+                        f" on {entry.placement['device']}" if "device" in entry.placement else "")
+            _log_build(key, seconds, nbytes, {**entry.memory, **entry.placement})
             return entry
 
     def _hit(self, key: str) -> _Entry | None:
@@ -106,9 +110,13 @@ class ModelCache:
         return sum(e.nbytes for e in self._entries.values())
 
     def drop(self, key: str) -> bool:
-        """Forget ``key``; True if it was cached."""
+        """Forget ``key`` and its builds on other devices (``key@GPU:1``, ...); True if
+        any was cached."""
         with self._lock:
-            return self._entries.pop(key, None) is not None
+            keys = [k for k in self._entries if k == key or k.startswith(f"{key}@")]
+            for k in keys:
+                del self._entries[k]
+            return bool(keys)
 
     def configure(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
         with self._lock:
@@ -133,6 +141,7 @@ class ModelCache:
                 "entries": len(self._entries),
                 "keys": list(self._entries),
                 "memory_by_key": {k: dict(e.memory) for k, e in self._entries.items()},
+                "placement_by_key": {k: dict(e.placement) for k, e in self._entries.items()},
                 "bytes": self._total_bytes(),
                 "build_seconds": self._build_seconds,
                 "max_entries": self.max_entries,
@@ -185,7 +194,12 @@ def cache_info() -> dict[str, Any]:
     (``memory_by_key``) whether its weights are shared with other processes
     (``shared``), how many weight bytes are shared and private to this process, and,
     for a model built on its own copy because the host's shared payload file could not
-    be written (a full or read-only disk), why (``shared_fallback``)."""
+    be written (a full or read-only disk), why (``shared_fallback``); and per entry
+    (``placement_by_key``) where a Spark worker built it: ``device`` (TensorFlow's,
+    ``CPU:0`` or ``GPU:<i>``), ``requested_device`` and ``gpu_address`` (the GPU Spark
+    assigned the task, if any), ``task_cpus`` and TensorFlow's ``intra_op_threads`` /
+    ``inter_op_threads`` (0: TensorFlow's default). A model built for another GPU has
+    its own entry, keyed ``<key>@GPU:<i>``. The build log records the same fields."""
     return model_cache.info()
 
 

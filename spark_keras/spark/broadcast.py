@@ -10,12 +10,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ..cache import model_cache
 from ..errors import SparkKerasError
 from ..handle import ModelHandle
-from ..inference.predictor import DEFAULT_BATCH_SIZE
+from ..inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature
 from ..payload.shipment import Shipment
 from ..storage import StoredModel, open_model
-from .transport import Transport, transport_for
+from . import resources
+from .environment import check_daemon
+from .transport import Transport, is_connect, transport_for
 
 logger = logging.getLogger("spark_keras")
 
@@ -80,6 +82,8 @@ class BroadcastModel(ModelHandle):
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True,
                  preprocess: Callable[[Any], Any] | None = None) -> None:
+        if not is_connect(spark):
+            check_daemon(getattr(spark, "sparkContext", spark))
         model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
         shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
                                payload=payload)
@@ -126,8 +130,40 @@ class BroadcastModel(ModelHandle):
         _dropped.update(stale)
         return stale
 
-    def _build(self) -> tuple:
-        return self._transport.build(self._recipe, self._key, self._nbytes, self._share_weights)
+    # --- in a worker: the model on the task's device (see resources) --------------------
+
+    @property
+    def value(self) -> Any:
+        """The Keras model: the original on the driver; in a worker, built once per
+        process and device (the GPU Spark assigned the task, if any) and cached."""
+        if self._model is not None:
+            return self._model
+        return self._placed()[0]
+
+    @property
+    def predictor(self) -> Any:
+        """The model's compiled inference function, called on the task's device."""
+        if self._model is not None:
+            return super().predictor
+        model, placement = self._placed()
+        predictor = predictor_for(model)
+        return predictor if placement.device == resources.CPU else resources.OnDevice(predictor, placement)
+
+    def _placed(self) -> tuple[Any, resources.Placement]:
+        self._check_usable()
+        placement = resources.task_placement()  # sizes TensorFlow's pools first, once
+        key = self._key + placement.key_suffix
+        entry = model_cache.get_or_build(key, lambda: self._build(placement))
+        return entry.value, placement
+
+    def _build(self, placement: resources.Placement | None = None) -> tuple:
+        placement = placement or resources.Placement()
+        with placement.scope():
+            model, nbytes, memory = self._transport.build(self._recipe, self._key, self._nbytes,
+                                                          self._share_weights)
+        runtime = resources.prepare_runtime()
+        return model, nbytes, memory, {**placement.describe(), "task_cpus": runtime.get("task_cpus"),
+                                       "threads": runtime["threads"], **resources.thread_pools()}
 
     # --- inference helpers -----------------------------------------------------------
 
@@ -154,15 +190,20 @@ class BroadcastModel(ModelHandle):
                           on_invalid=on_invalid)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
-                  *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error") -> Any:
+                  *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
+                  profile: Any = None) -> Any:
         """``df`` with every column kept plus ``output_col`` (a struct for multi-output
         models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion.
-        ``on_invalid`` as in :meth:`predict_udf`."""
+        ``on_invalid`` as in :meth:`predict_udf`. ``profile``: a
+        ``pyspark.resource.ResourceProfile`` for the scoring stage alone (PySpark >= 4.0;
+        stage-level scheduling: more CPUs, or GPUs, per scoring task); TensorFlow's
+        thread pools and the model's device follow each task's resources (see
+        :mod:`spark_keras.spark.resources`)."""
         from . import scoring
 
         self._check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
-                         on_invalid=on_invalid)
+                         on_invalid=on_invalid, profile=profile)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
                           on_invalid: str = "error") -> Iterator[Any]:

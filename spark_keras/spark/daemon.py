@@ -13,8 +13,8 @@ their pages shared copy-on-write with the daemon.
 
 Forking is only safe when the parent runs no other thread (a lock one holds would stay
 locked in every child) and has not initialized TensorFlow's runtime (its thread pools and
-eager context do not survive a fork). Importing starts neither; the daemon checks both
-after preloading, and otherwise replaces itself with the stock daemon (same process, same
+eager context do not survive a fork) nor its devices (listing them initializes CUDA on a
+GPU host). Importing does none of these; the daemon checks all three after preloading, and otherwise replaces itself with the stock daemon (same process, same
 pipes, nothing written yet), logging one line saying why. So does a failed import, and a
 PySpark whose daemon it does not know. Arrow's allocator starts a background thread when
 pyarrow loads (Keras imports pandas, pandas imports pyarrow); it is turned off while the
@@ -75,6 +75,14 @@ def tensorflow_runtime_started() -> bool:
     return ctx is not None and getattr(ctx, "_context_handle", None) is not None
 
 
+def tensorflow_devices_listed() -> bool:
+    """True if TensorFlow enumerated its physical devices (which initializes CUDA on a
+    GPU host: a CUDA context does not survive a fork)."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    ctx = getattr(context, "_context", None)
+    return ctx is not None and getattr(ctx, "_physical_devices", None) is not None
+
+
 def preload_for_fork() -> dict[str, Any]:
     """Import everything a worker needs; a report whose ``refused`` says why forking
     from this process would be unsafe (None when it is safe)."""
@@ -95,10 +103,14 @@ def preload_for_fork() -> dict[str, Any]:
     report.update(seconds=round(time.perf_counter() - started, 3),
                   threads=native_threads(),
                   python_threads=[t.name for t in threading.enumerate()],
-                  tensorflow_runtime_started=tensorflow_runtime_started())
+                  tensorflow_runtime_started=tensorflow_runtime_started(),
+                  tensorflow_devices_listed=tensorflow_devices_listed())
     if "refused" not in report:
         if report["tensorflow_runtime_started"]:
             report["refused"] = "preloading started TensorFlow's runtime (an op ran at import)"
+        elif report["tensorflow_devices_listed"]:
+            report["refused"] = ("preloading listed TensorFlow's devices (which initializes CUDA "
+                                 "on a GPU host)")
         elif len(report["threads"]) > 1 or len(report["python_threads"]) > 1:
             report["refused"] = f"preloading left {len(report['threads'])} threads running " \
                                 f"(Python threads: {', '.join(report['python_threads'])})"

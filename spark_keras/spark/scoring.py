@@ -16,6 +16,7 @@ from ..inference import columns as cols
 from ..inference.engine import check_batch_size, check_on_invalid, score
 from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
+from .resources import check_profile
 from .types import prediction_type
 
 
@@ -105,10 +106,14 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
 
 
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
-              output_col: str, *, batch_size: int, on_invalid: str = "error") -> Any:
+              output_col: str, *, batch_size: int, on_invalid: str = "error",
+              profile: Any = None) -> Any:
+    """``df`` plus ``output_col`` scored by ``mapInArrow``, in a stage run with
+    ``profile`` (a ``ResourceProfile``, PySpark >= 4.0) if one is given."""
     from pyspark.sql.types import StructField, StructType
 
     check_on_invalid(on_invalid)
+    check_profile(profile)
     batch_size = check_batch_size(batch_size)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     missing = [c for c in names if c not in df.columns]
@@ -126,7 +131,9 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
             yield pa.RecordBatch.from_arrays([*batch.columns, prediction],
                                              names=[*batch.schema.names, output_col])
 
-    return df.mapInArrow(predict, schema)
+    if profile is None:  # PySpark 3.5's mapInArrow has no profile parameter
+        return df.mapInArrow(predict, schema)
+    return df.mapInArrow(predict, schema, profile=profile)
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
