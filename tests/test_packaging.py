@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import zipfile
 from email.parser import Parser
 
@@ -265,3 +266,107 @@ def test_installed_job_scores_through_spark_submit(installed, payload):
     model = sk.load(payload)
     np.testing.assert_allclose(scored["prediction"].to_numpy(), np.asarray(model(x))[:, 0],
                                atol=1e-5)  # one output unit: a scalar column
+
+
+# --- shipped environments (README, "Deploying") -----------------------------------------
+
+ENV_SCRIPT = textwrap.dedent('''
+    import json, os, sys, numpy as np, keras
+    from pyspark.sql import SparkSession
+    import spark_keras as sk
+
+    confs = json.loads(sys.argv[1])
+    builder = SparkSession.builder.master("local-cluster[1,1,1024]").config("spark.ui.enabled", "false")
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def where(_):
+        import spark_keras
+        yield json.dumps([sys.prefix, spark_keras.__file__])
+
+    seen = spark.sparkContext.parallelize(range(2), 2).mapPartitions(where).collect()
+    print("WORKERS", json.dumps([json.loads(s) for s in seen]))
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    x = np.arange(12, dtype="float32").reshape(4, 3)
+    df = spark.createDataFrame([(i, x[i].tolist()) for i in range(4)], "id long, f array<float>")
+    out = sk.BroadcastModel(spark, model).transform(df, "f").orderBy("id").toPandas()
+    np.testing.assert_allclose(np.stack(out["prediction"]), model(x).numpy(), atol=1e-5)
+    print("ENV-OK")
+''')
+
+
+def _run_env_job(folder, confs: dict) -> list:
+    script = folder / "job.py"
+    script.write_text(ENV_SCRIPT)
+    # a driver started by python (not spark-submit) takes the workers' Python from PYSPARK_PYTHON
+    env = dict(os.environ, PYSPARK_PYTHON=confs["spark.pyspark.python"], PYSPARK_DRIVER_PYTHON=PYTHON,
+               TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([PYTHON, str(script), json.dumps(confs)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0 and "ENV-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("WORKERS "))
+    return json.loads(line[len("WORKERS "):])
+
+
+def _bare_venv(path) -> str:
+    """A Python environment without spark_keras: executors whose image has TensorFlow and
+    PySpark (this venv's site-packages, through PYTHONPATH) but not the package."""
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(path)],
+                   check=True, timeout=120)
+    return str(path)
+
+
+def _deps_path() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+@pytest.mark.slow
+def test_a_packed_environment_shipped_with_spark_archives(installed, tmp_path):
+    pytest.importorskip("venv_pack")
+    env = _bare_venv(tmp_path / "env")
+    site = subprocess.run([f"{env}/bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([PYTHON, "-m", "pip", "install", "-q", "--no-deps", "--target", site,
+                    installed["wheel"]], check=True, timeout=300)
+    archive = tmp_path / "env.tar.gz"
+    subprocess.run([os.path.join(os.path.dirname(PYTHON), "venv-pack"), "-p", env, "-o", str(archive)],
+                   check=True, timeout=300, capture_output=True)
+    workers = _run_env_job(tmp_path, {
+        "spark.archives": f"{archive}#environment",
+        "spark.pyspark.python": "./environment/bin/python",
+        "spark.executorEnv.PYTHONPATH": _deps_path(),  # TensorFlow, PySpark: the executors' image
+        "spark.python.daemon.module": "spark_keras.spark.daemon",  # importable: installed there
+    })
+    for prefix, module in workers:
+        assert prefix.endswith("environment") and module.startswith(prefix), (prefix, module)
+
+
+@pytest.mark.slow
+def test_py_files_with_the_stock_daemon_and_a_clear_error_with_the_preloading_one(installed, tmp_path):
+    zipped = shutil.make_archive(str(tmp_path / "spark_keras"), "zip", installed["site"], "spark_keras")
+    env = _bare_venv(tmp_path / "bare")
+    confs = {"spark.submit.pyFiles": zipped, "spark.pyspark.python": f"{env}/bin/python",
+             "spark.executorEnv.PYTHONPATH": _deps_path()}
+    workers = _run_env_job(tmp_path, confs)
+    assert all(prefix == env and "spark_keras.zip" in module for prefix, module in workers), workers
+    script = tmp_path / "refused.py"
+    script.write_text(textwrap.dedent(f'''
+        import keras, spark_keras as sk
+        from pyspark.sql import SparkSession
+        spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+                 .config("spark.submit.pyFiles", {zipped!r})
+                 .config("spark.python.daemon.module", "spark_keras.spark.daemon").getOrCreate())
+        try:
+            sk.BroadcastModel(spark, keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+        except sk.SparkKerasError as exc:
+            print("REFUSED", exc)
+    '''))
+    proc = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYSPARK_PYTHON=PYTHON, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert "REFUSED spark.python.daemon.module=spark_keras.spark.daemon, but spark_keras reaches the " \
+           "executors through --py-files" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
