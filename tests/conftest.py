@@ -98,6 +98,11 @@ def builds_by_worker(build_log: str, key: str) -> dict[tuple[str, int], int]:
     return dict(Counter((r["host"], r["pid"]) for r in read_build_log(build_log) if r["key"] == key))
 
 
+def text_frame(spark, texts):
+    """A DataFrame ``id long, text string`` with one row per text (None: a null)."""
+    return spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "id long, text string")
+
+
 def build_records(build_log: str, key: str) -> list[dict]:
     """Every build of the model ``key`` logged by the Python workers (with its weight
     memory: ``shared``, ``private_bytes``...); unlike :func:`worker_cache_infos`, it does

@@ -16,7 +16,7 @@ from spark_keras.errors import ModelError  # noqa: E402
 from spark_keras.inference import TensorSpec, predictor_for, signature_of  # noqa: E402
 
 from . import models  # noqa: E402
-from .conftest import build_records, builds_by_worker, make_spark, preloaded_daemons  # noqa: E402
+from .conftest import build_records, builds_by_worker, make_spark, preloaded_daemons, text_frame  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,10 +44,6 @@ def text_bm(spark, classifier):
     handle.destroy()
 
 
-def text_frame(spark, texts=TEXTS):
-    return spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "id long, text string")
-
-
 def test_the_signature_is_the_preprocessors_input(classifier):
     sig = signature_of(classifier)
     assert sig.inputs == (TensorSpec("text", (), "string"),)
@@ -59,7 +55,7 @@ def test_the_signature_is_the_preprocessors_input(classifier):
 def test_a_text_classifier_scores_a_string_column(spark, text_bm, classifier, build_log):
     want = classifier.predict(TEXTS, verbose=0)
     assert np.ptp(want, axis=0).max() > 1e-3  # the texts give different predictions
-    df = text_frame(spark).repartition(2)
+    df = text_frame(spark, TEXTS).repartition(2)
     got = [r.prediction for r in text_bm.transform(df, "text").orderBy("id").collect()]
     np.testing.assert_allclose(np.array(got), want, atol=1e-5)
     got = [r.p for r in df.select("id", text_bm.predict_udf()("text").alias("p")).orderBy("id").collect()]

@@ -13,7 +13,7 @@ import spark_keras as sk
 from spark_keras.multiprocessing import pool_predict
 
 from . import models
-from .conftest import build_records, builds_by_worker
+from .conftest import build_records, builds_by_worker, text_frame
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -37,18 +37,14 @@ def text_bm(spark, text_model):
     handle.destroy()
 
 
-def text_frame(spark, texts=TEXTS):
-    return spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "id long, text string")
-
-
 def test_a_string_column_feeds_a_text_model_everywhere(spark, text_bm, text_model, build_log):
     want = direct(text_model, TEXTS)
-    df = text_frame(spark).repartition(2)
+    df = text_frame(spark, TEXTS).repartition(2)
     got = [r.prediction for r in text_bm.transform(df, "text").orderBy("id").collect()]
     np.testing.assert_allclose(np.array(got), want, atol=1e-5)
     got = [r.p for r in df.select("id", text_bm.predict_udf()("text").alias("p")).orderBy("id").collect()]
     np.testing.assert_allclose(np.array(got), want, atol=1e-5)
-    rows = text_frame(spark).orderBy("id").select("text").rdd.mapPartitions(
+    rows = text_frame(spark, TEXTS).orderBy("id").select("text").rdd.mapPartitions(
         text_bm.predict_partition).collect()
     np.testing.assert_allclose(np.array(rows), want, atol=1e-5)
     # built once per worker, on the executor's shared payload file (TextVectorization's
@@ -80,7 +76,7 @@ def test_null_and_wrongly_typed_text(spark, text_bm, text_model):
     try:
         with pytest.raises(Exception, match=r"column 'text' has type string; the model input .* "
                                             r"expects numbers \(float32 of shape \(1,\) per row\)"):
-            mlp.transform(text_frame(spark), "text").collect()
+            mlp.transform(text_frame(spark, TEXTS), "text").collect()
     finally:
         mlp.destroy()
 

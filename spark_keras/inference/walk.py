@@ -250,9 +250,7 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
             f"{spec.name!r} expects {spec.describe()} ({spec.size} values) per row: pass an "
             f"array column, or {spec.size} scalar columns")
     n = len(arr)
-    problems: list[_Problem] = []
-    if arr.null_count:
-        problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    problems = _null_rows(arr)
     if depth == 0:
         return _read_numbers(name, arr, spec, problems)
     lo = np.arange(n, dtype=np.int64)
@@ -260,30 +258,19 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     widths = _level_widths(depth, spec.shape)
     contiguous = True
     for level, width in enumerate(widths):
+        offsets = _offsets(arr)
         if pa.types.is_fixed_size_list(arr.type):
             size = arr.type.list_size
-            offsets = (arr.offset + np.arange(len(arr) + 1, dtype=np.int64)) * size
             lengths = None if size == width else np.full(len(arr), size)
         else:
-            offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
             lengths = np.diff(offsets)
             lengths = lengths if (lengths != width).any() else None
         if lengths is not None:
             problems.append(_width_problem(lengths != width, lengths, lo, hi, level, depth,
                                            width, n))
             contiguous = False
-        lo, hi = offsets[lo], offsets[hi]
-        arr = arr.values
-        if arr.null_count:
-            problems.append(_Problem(_any_in(_nulls(arr), lo, hi),
-                                     lambda r, at: f"null array element(s), first at {at}"))
-    first = int(lo[0]) if n else 0
-    last = int(hi[-1]) if n else 0
-    leaf_arr = arr.slice(first, last - first)
-    leaf = leaf_arr.to_numpy(zero_copy_only=False)
-    nonfinite = _nonfinite(leaf, leaf_arr)
-    if nonfinite is not None:
-        problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first), _describe_nonfinite))
+        arr, lo, hi = _step_down(arr, offsets, lo, hi, problems)
+    leaf, first = _read_leaf(arr, lo, hi, problems)
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
 
@@ -300,9 +287,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
             f"column {name!r} ({arr.type}) cannot give rows of the model input {spec.name!r}, "
             f"{spec.describe()}: give each unknown dimension its own level of nested arrays")
     n = len(arr)
-    problems: list[_Problem] = []
-    if arr.null_count:
-        problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    problems = _null_rows(arr)
     dims = np.zeros((n, len(shape)), dtype=np.int64)
     lo = np.arange(n, dtype=np.int64)
     hi = lo + 1
@@ -327,23 +312,50 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         problems.append(_Problem(wrong & ~uneven, lambda r, at, lv=level, got=row_len, t=takes: (
             f"{at} has {int(got[r])} values at nesting level {lv} where the model input "
             f"takes {t}")))
-        if pa.types.is_fixed_size_list(arr.type):
-            offsets = (arr.offset + np.arange(len(arr) + 1, dtype=np.int64)) * arr.type.list_size
-        else:
-            offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
-        lo, hi = offsets[lo], offsets[hi]
-        arr = arr.values
-        if arr.null_count:
-            problems.append(_Problem(_any_in(_nulls(arr), lo, hi),
-                                     lambda r, at: f"null array element(s), first at {at}"))
-    first = int(lo[0]) if n else 0
-    leaf_arr = arr.slice(first, (int(hi[-1]) if n else 0) - first)
+        arr, lo, hi = _step_down(arr, _offsets(arr), lo, hi, problems)
+    leaf, first = _read_leaf(arr, lo, hi, problems)
+    return ColumnRead(name, spec, n, leaf, lo - first, [p for p in problems if p.rows.any()],
+                      shapes=dims)
+
+
+def _offsets(arr: pa.Array) -> np.ndarray:
+    """Where each array of a (fixed-size) list column starts in its values, and the end."""
+    if pa.types.is_fixed_size_list(arr.type):
+        return (arr.offset + np.arange(len(arr) + 1, dtype=np.int64)) * arr.type.list_size
+    return arr.offsets.to_numpy().astype(np.int64, copy=False)
+
+
+def _step_down(arr: pa.Array, offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+               problems: list[_Problem]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """One nesting level down: the values of ``arr`` and each row's range in them; rows
+    with a null among those values are added to ``problems``."""
+    lo, hi = offsets[lo], offsets[hi]
+    arr = arr.values
+    if arr.null_count:
+        problems.append(_Problem(_any_in(_nulls(arr), lo, hi),
+                                 lambda r, at: f"null array element(s), first at {at}"))
+    return arr, lo, hi
+
+
+def _null_rows(arr: pa.Array) -> list[_Problem]:
+    """The problem of null rows, if ``arr`` has any."""
+    if not arr.null_count:
+        return []
+    return [_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}")]
+
+
+def _read_leaf(arr: pa.Array, lo: np.ndarray, hi: np.ndarray,
+               problems: list[_Problem]) -> tuple[np.ndarray, int]:
+    """The innermost values under rows whose values are ``arr[lo:hi]`` (a view of the Arrow
+    buffer where it allows), and the index in ``arr`` of the first; rows holding NaN or
+    infinity are added to ``problems``."""
+    first = int(lo[0]) if len(lo) else 0
+    leaf_arr = arr.slice(first, (int(hi[-1]) if len(hi) else 0) - first)
     leaf = leaf_arr.to_numpy(zero_copy_only=False)
     nonfinite = _nonfinite(leaf, leaf_arr)
     if nonfinite is not None:
         problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first), _describe_nonfinite))
-    return ColumnRead(name, spec, n, leaf, lo - first, [p for p in problems if p.rows.any()],
-                      shapes=dims)
+    return leaf, first
 
 
 def _row_lengths(arr: pa.Array, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -397,9 +409,7 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
     values = fields["values"]
     if kind(values.type) != "list" or kind(values.type.value_type) != "number":
         raise not_numbers(name, values.type, spec)
-    problems: list[_Problem] = []
-    if arr.null_count:
-        problems.append(_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}"))
+    problems = _null_rows(arr)
     dense = fields["type"].fill_null(1).to_numpy(zero_copy_only=False) == 1
     if dense.all() and not arr.null_count:  # a list column in disguise: read it as one
         read = read_column(name, values, spec)
