@@ -191,6 +191,16 @@ def expected(call: Callable[[Any], np.ndarray], df, column: str, batch_size: int
 _CALLS: dict[str, Callable] = {}  # in each worker process: broadcast key -> compiled model
 
 
+def _cached_call(key: str, bc: Any) -> Callable[[Any], np.ndarray]:
+    """The model rebuilt from the broadcast and compiled once per worker process. (A
+    module function, so that tasks unpickle a reference to it and share ``_CALLS``: a
+    closure naming ``_CALLS`` would carry a copy of the dict, empty in every task.)"""
+    call = _CALLS.get(key)
+    if call is None:
+        call = _CALLS[key] = compiled(rebuild(*bc.value))
+    return call
+
+
 def method_predict_batch_udf(spark, model, workload: Workload, column: str):
     """``pyspark.ml.functions.predict_batch_udf``: the model rebuilt from a broadcast of its
     config and weights; each batch's strings/bytes to a ``tf.constant``, then
@@ -228,9 +238,7 @@ def method_best_case(spark, model, workload: Workload, column: str):
     def score(batches):
         import tensorflow as tf
 
-        call = _CALLS.get(key)
-        if call is None:
-            call = _CALLS[key] = compiled(rebuild(*bc.value))
+        call = _cached_call(key, bc)
         for batch in batches:
             x = tf.constant(batch.column(column).to_numpy(zero_copy_only=False))
             y = batched(call, x, batch_size)
