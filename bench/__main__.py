@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs] [--write]`.
+"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs,threads] [--write]`.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -22,7 +22,7 @@ sys.path[:0] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").spl
 
 from . import report  # noqa: E402
 
-SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends", "inputs")
+SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends", "inputs", "threads")
 
 
 def machine() -> str:
@@ -150,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         for line in report.inputs_targets(rows, lengths):
             print(line)
         section_done("inputs")
+    if "threads" in sections:
+        from . import threads_bench
+
+        rows = results["threads"] = threads_bench.run(quick=args.quick)
+        print(f"\n{report.TITLES['threads']}\n")
+        print(report.table(rows, floatfmt="{:,.2f}"))
+        section_done("threads")
     results["seconds"] = time.perf_counter() - started
     print(f"\nbench finished in {results['seconds']:.0f}s")
     if args.write:

@@ -185,6 +185,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "coldstart": "## Cold start: a fresh Python worker, stock daemon vs preloading daemon",
     "frontends": "## Front-ends: predict_partition, pool_predict, predict_dask",
     "inputs": "## Text, image bytes and variable-length sequences on local[2]",
+    "threads": "## TensorFlow thread pools per Python worker: the task's CPUs vs all cores",
 }
 RUN_PREFIX = "_Measured by "
 
@@ -383,6 +384,15 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
             "shape, each group stacked).", "", "Targets:", ""]
         blocks["inputs"] = lines + [f"- {line}" for line in inputs_targets(
             results["inputs"], results["inputs_lengths"])] + [""]
+    if "threads" in results:
+        blocks["threads"] = start("threads") + [
+            "`BroadcastModel.transform` of a 256-512-512-8 MLP on local[2], each mode in its own "
+            "session after a warm-up build in every worker, best of the timed runs (noop sink). "
+            "spark_keras sizes TensorFlow's pools to the task's CPUs (`TaskContext.cpus()`) before "
+            "the runtime starts; `SPARK_KERAS_TF_THREADS=off` leaves TensorFlow's defaults (every "
+            "worker sizes its pools to all the host's cores). The pools are the ones the workers' "
+            "build log recorded.", "",
+            table(results["threads"], floatfmt="{:,.2f}"), ""]
     return blocks
 
 

@@ -1,4 +1,4 @@
-"""`python -m bench.threads_bench [--quick]`: ``BroadcastModel.transform`` throughput on
+"""`python -m bench --only threads` (or `python -m bench.threads_bench [--quick]`): ``BroadcastModel.transform`` throughput on
 local[2] with TensorFlow's thread pools sized by spark_keras to each task's CPUs (the
 default: one intra-op and one inter-op thread per worker here) against TensorFlow's own
 defaults (``SPARK_KERAS_TF_THREADS=off``: every worker sizes its pools to all cores).
@@ -77,20 +77,27 @@ def measure(threads: str, rows: int, features: int, repeats: int) -> dict:
     return {"rows/s": rows / min(times), "pools": sorted(pools)}
 
 
+def run(quick: bool = False, repeats: int = 3) -> list[dict]:
+    """One row per mode: rows/s of transform, the pools the workers used, the ratio to
+    TensorFlow's defaults (the ``threads`` section of ``python -m bench``)."""
+    rows = 4_000 if quick else 100_000
+    results = {name: measure(mode, rows, 256, 1 if quick else repeats) for name, mode in MODES.items()}
+    base = results["TensorFlow defaults (all cores)"]["rows/s"]
+    return [{"TensorFlow thread pools": name, "rows": rows,
+             "(intra, inter) per worker": ", ".join(f"({a}, {b})" for a, b in r["pools"]),
+             "rows/s": r["rows/s"], "x defaults": r["rows/s"] / base}
+            for name, r in results.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .report import table
+
     parser = argparse.ArgumentParser(prog="python -m bench.threads_bench")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    rows = 4_000 if args.quick else 100_000
-    results = {name: measure(mode, rows, 256, args.repeats) for name, mode in MODES.items()}
-    base = results["TensorFlow defaults (all cores)"]["rows/s"]
-    print(f"\ntransform of a 256-512-512-8 MLP, {rows} rows, local[2], {os.cpu_count()} cores\n")
-    print(f"| {'TensorFlow thread pools':<36} | {'(intra, inter) per worker':>25} | {'rows/s':>9} | {'x defaults':>10} |")
-    print(f"|{'-' * 38}|{'-' * 26}:|{'-' * 10}:|{'-' * 11}:|")
-    for name, r in results.items():
-        pools = ", ".join(f"({a}, {b})" for a, b in r["pools"])
-        print(f"| {name:<36} | {pools:>25} | {r['rows/s']:>9.0f} | {r['rows/s'] / base:>10.2f} |")
+    print(f"\ntransform of a 256-512-512-8 MLP, local[2], {os.cpu_count()} cores\n")
+    print(table(run(args.quick, args.repeats), floatfmt="{:,.2f}"))
     return 0
 
 
