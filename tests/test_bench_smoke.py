@@ -29,6 +29,7 @@ def _quick_bench(*sections: str, timeout: int) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # minutes: it runs the benchmark sections end to end
 def test_bench_quick_runs_and_prints_tables():
     out = _quick_bench("payload", "scoring", "memory", "dask", "frontends", timeout=900)
     assert "loads speed-up" in out and "MLP 90MB" in out
@@ -60,6 +61,7 @@ def test_bench_quick_runs_and_prints_tables():
         assert row["weights mapped %"] == ("100.00" if row["mode"] == "shared file" else "0.00"), row
 
 
+@pytest.mark.slow  # minutes: it runs the benchmark sections end to end
 def test_bench_inputs_quick_scores_text_png_bytes_and_sequences():
     # 2,000 sentences, 200 PNGs, 400 sequences per length set, one timed run each: ~2 minutes
     out = _quick_bench("inputs", timeout=600)
@@ -80,6 +82,7 @@ def test_bench_inputs_quick_scores_text_png_bytes_and_sequences():
     assert [r["x equal lengths"] for r in lengths[:2]] == ["1.00", "1.00"], lengths
 
 
+@pytest.mark.slow  # minutes: it runs the benchmark sections end to end
 def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
     # two fresh workers per model and daemon, a 2-partition transform job: under ~90 s
     out = _quick_bench("coldstart", timeout=400)

@@ -204,6 +204,7 @@ def test_startup_filter_passes_on_a_fatal_line_when_the_process_aborts(tmp_path)
     assert "an ERROR line" in proc.stderr and "an INFO line" not in proc.stderr
 
 
+@pytest.mark.slow  # a whole spark-submit run
 def test_score_job_prints_no_tensorflow_startup_lines(tmp_path):
     # the `make demo` path: spark-submit jobs/score.py with conf/spark-defaults.conf; the
     # driver imports TensorFlow, so does each executor's preloading worker daemon

@@ -150,6 +150,7 @@ def failing_args(folder, case: str, prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
                                   "output exists", "unknown feature", "bad data"])
+@pytest.mark.slow  # one spark-submit per case: about 2 minutes in all
 def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     folder, _, _ = files
     expected, status = FAILURES[case]
@@ -202,6 +203,7 @@ def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(fil
 
 
 @pytest.mark.parametrize("case", ["output exists", "missing input", "master and remote", "bad data"])
+@pytest.mark.slow  # one Connect job per case
 def test_connect_failures_are_one_line_and_leave_nothing(files, case):
     """Through ``SPARK_REMOTE``: the same one-line errors and statuses as classic. Path
     errors are found on the client before a server starts; only "bad data" runs a job

@@ -210,11 +210,6 @@ MAIN_DRIVER = textwrap.dedent('''
 ''')
 
 
-def test_custom_layer_from_main_on_connect(connect, tmp_path):
-    connect.stop()  # the script starts its own local server, on the same port
-    run_script(tmp_path, MAIN_DRIVER, "CONNECT-MAIN-OK", timeout=400)
-
-
 def test_string_columns_and_string_outputs_on_connect(connect):
     import tensorflow as tf
 
@@ -273,3 +268,8 @@ def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_pat
     after = _executor_files(connect, other)
     assert set(after) == set(before)
     assert not any(n.startswith(key) for names in after.values() for n in names), after
+
+
+def test_custom_layer_from_main_on_connect(connect, tmp_path):
+    connect.stop()  # the script starts its own local server, on the same port
+    run_script(tmp_path, MAIN_DRIVER, "CONNECT-MAIN-OK", timeout=400)

@@ -341,6 +341,7 @@ def test_destroying_the_handle_of_a_running_query_fails_it_cleanly(spark, tmp_pa
 
 # --- the example job ------------------------------------------------------------------------
 
+@pytest.mark.slow  # the example job in its own driver
 def test_stream_example_job_runs(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                TF_CPP_MIN_LOG_LEVEL="2")
