@@ -60,6 +60,7 @@ def assert_one_build_per_worker(builds: dict) -> None:
     assert 1 <= len(builds) <= 2 and set(builds.values()) == {1}, builds
 
 
+@pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_score_csv_with_format_overwriting_old_output(files):
     folder, model, x = files
     out = folder / "scored"
@@ -178,6 +179,7 @@ def needs_connect() -> None:
         pytest.skip(f"PySpark {pyspark.__version__} has no local Spark Connect server")
 
 
+@pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(files):
     """``--remote local[2]``, run from the data folder with relative paths: the server
     and the client must agree on what they mean."""

@@ -149,6 +149,7 @@ def _load_and_hold(path: str, share: bool, barrier, results) -> None:
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "copies"])
+@pytest.mark.slow  # four processes holding a 50 MB model: 40 s
 def test_four_processes_hold_one_copy(tmp_path, share):
     model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(4096), keras.layers.Dense(2048),
                               keras.layers.Dense(1)])  # 40 MB

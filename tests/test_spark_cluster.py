@@ -31,6 +31,7 @@ def observations(cluster, rows: int, partitions: int, seed: int):
     return x, df
 
 
+@pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_two_executors_build_once_per_worker_and_match_the_driver(cluster, build_log):
     model = models.actor_cnn()
     x, df = observations(cluster, rows=48, partitions=12, seed=11)

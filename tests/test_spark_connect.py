@@ -270,6 +270,7 @@ def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_pat
     assert not any(n.startswith(key) for names in after.values() for n in names), after
 
 
+@pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_custom_layer_from_main_on_connect(connect, tmp_path):
     connect.stop()  # the script starts its own local server, on the same port
     run_script(tmp_path, MAIN_DRIVER, "CONNECT-MAIN-OK", timeout=400)

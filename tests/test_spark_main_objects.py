@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from .conftest import run_script
 
 DRIVER = textwrap.dedent('''
@@ -44,5 +46,6 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_custom_layer_from_main_works_on_executors(tmp_path):
     run_script(tmp_path, DRIVER, "MAIN-OBJECTS-OK")

@@ -21,6 +21,7 @@ from .conftest import worker_cache_infos  # noqa: E402
 pytestmark = pytest.mark.timeout(600)
 
 
+@pytest.mark.slow  # a cluster or a server of its own: 20-50 s
 def test_pipeline_fit_save_load_on_connect(connect, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import SQLTransformer, StandardScaler, VectorAssembler

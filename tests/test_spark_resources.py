@@ -23,6 +23,9 @@ from . import models
 from . import test_spark_daemon as daemon_tests
 from .conftest import DAEMON, make_spark, preloaded_daemons
 
+# a local-cluster[2,2,1024] with fake GPUs of its own: about 75 s in all
+pytestmark = pytest.mark.slow
+
 ROWS = 64
 
 

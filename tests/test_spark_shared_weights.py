@@ -26,6 +26,7 @@ def cluster(build_log):
     session.stop()
 
 
+@pytest.mark.slow  # a cluster or a server of its own: 20-50 s
 def test_one_file_per_executor_shared_by_its_workers(cluster, build_log):
     model = models.actor_cnn()
     x, df = observations(cluster, rows=40, partitions=8, seed=21)
