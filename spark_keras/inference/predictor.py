@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import flavour
+from .engine import empty_outputs
 from .signature import Signature, signature_of
 from .tasks import attached_preprocessor, preprocessed
 
@@ -75,13 +76,14 @@ class Predictor:
             for j, got in enumerate(self._batched(inputs, batch_size)):
                 if outs[j] is None:
                     outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
-                if outs[j].dtype == object and self.signature.outputs[j].variable:
+                if self.signature.outputs[j].variable:  # one array per row, of its own shape
                     for k, row in enumerate(index):
                         outs[j][row] = got[k]
                 else:
                     outs[j][index] = got
-        return [o if o is not None else np.zeros((0, *s.shape), s.dtype)
-                for o, s in zip(outs, self.signature.outputs)]
+        if not n:
+            return empty_outputs(self.signature)
+        return outs
 
     def _batched(self, arrays: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
         n = len(arrays[0]) if arrays else 0
