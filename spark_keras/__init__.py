@@ -47,7 +47,7 @@ __all__ = [
 def __getattr__(name: str):
     # BroadcastModel needs PySpark; import it only when asked for.
     if name == "BroadcastModel":
-        from .spark.broadcast import BroadcastModel
+        from .spark import BroadcastModel
 
         return BroadcastModel
     raise AttributeError(f"module 'spark_keras' has no attribute {name!r}")

@@ -44,6 +44,18 @@ def scaled_mlp() -> keras.Model:
     return keras.Model(inp, out)
 
 
+def test_starting_the_daemon_module_imports_nothing_that_starts_a_thread():
+    """``python -m spark_keras.spark.daemon`` imports its package first: pyarrow (whose
+    allocator starts a thread as it loads), PySpark or TensorFlow imported there would run
+    before the daemon's guard, and every daemon would fall back to the stock one."""
+    code = ("import sys, spark_keras.spark.daemon as d; "
+            "print(sorted(m for m in ('pyarrow', 'pandas', 'pyspark', 'tensorflow', 'keras') "
+            "if m in sys.modules), d.native_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)).stdout
+    assert out.strip() == "[] ['python']", out
+
+
 def test_workers_fork_from_a_daemon_that_preloaded_safely(spark, build_log):
     for report in preloaded_daemons(spark, build_log, partitions=4):
         assert report["keras"].startswith(("keras3", "tf_keras")) and report["backend"] == "tensorflow"

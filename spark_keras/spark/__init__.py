@@ -1,8 +1,23 @@
-"""Spark integration: BroadcastModel and its scoring helpers."""
+"""Spark integration: BroadcastModel and its scoring helpers.
 
-from .._deps import require
+Importing this package imports nothing heavy: ``python -m spark_keras.spark.daemon`` must
+start with no other thread (pyarrow's allocator starts one when it loads), so
+:class:`BroadcastModel` and PySpark load on first use.
+"""
 
-require("pyspark", "spark_keras.spark (BroadcastModel)")
-from .broadcast import BroadcastModel  # noqa: E402
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["BroadcastModel"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BroadcastModel":
+        from .._deps import require
+
+        require("pyspark", "spark_keras.spark (BroadcastModel)")
+        from .broadcast import BroadcastModel
+
+        return BroadcastModel
+    raise AttributeError(f"module 'spark_keras.spark' has no attribute {name!r}")

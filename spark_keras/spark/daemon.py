@@ -14,12 +14,16 @@ their pages shared copy-on-write with the daemon.
 Forking is only safe when the parent runs no other thread (a lock one holds would stay
 locked in every child) and has not initialized TensorFlow's runtime (its thread pools and
 eager context do not survive a fork) nor its devices (listing them initializes CUDA on a
-GPU host). Importing does none of these; the daemon checks all three after preloading, and otherwise replaces itself with the stock daemon (same process, same
-pipes, nothing written yet), logging one line saying why. So does a failed import, and a
-PySpark whose daemon it does not know. Arrow's allocator starts a background thread when
-pyarrow loads (Keras imports pandas, pandas imports pyarrow); it is turned off while the
-daemon preloads (``JE_ARROW_MALLOC_CONF=background_thread:false``, unless you set it), as
-it would be in any forked worker.
+GPU host). Importing does none of these; the daemon checks all three after preloading
+(counting the threads preloading started: one that ran before, an allocator's thread from
+``LD_PRELOAD`` say, runs in the stock daemon too), and otherwise replaces itself with the
+stock daemon (same process, same pipes, nothing written yet), logging one line saying
+why. So does a failed import, and a PySpark whose daemon it does not know. Arrow's
+allocator starts a background thread when pyarrow loads (Keras imports pandas, pandas
+imports pyarrow); it is turned off while the daemon preloads
+(``JE_ARROW_MALLOC_CONF=background_thread:false``, unless you set it), as it would be in
+any forked worker, and nothing imports pyarrow before that (``spark_keras.spark`` loads
+its modules on first use).
 
 While it preloads, anything printed goes to stderr (stdout is how the daemon tells Spark
 its port), less TensorFlow's native start-up lines that ``TF_CPP_MIN_LOG_LEVEL`` hides but
@@ -37,6 +41,7 @@ shares with the daemon.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import json
@@ -111,11 +116,18 @@ def preload_for_fork() -> dict[str, Any]:
         elif report["tensorflow_devices_listed"]:
             report["refused"] = ("preloading listed TensorFlow's devices (which initializes CUDA "
                                  "on a GPU host)")
-        elif len(report["threads"]) > 1 or len(report["python_threads"]) > 1:
+        elif _started_threads(report["threads_before"], report["threads"]) \
+                or len(report["python_threads"]) > 1:
             report["refused"] = f"preloading left {len(report['threads'])} threads running " \
                                 f"(Python threads: {', '.join(report['python_threads'])})"
     report.setdefault("refused", None)
     return report
+
+
+def _started_threads(before: list[str], after: list[str]) -> list[str]:
+    """The threads running after preloading that did not run before it. One that ran
+    before (an allocator's thread from ``LD_PRELOAD``, say) runs in the stock daemon too."""
+    return list((collections.Counter(after) - collections.Counter(before)).elements())
 
 
 @contextlib.contextmanager
