@@ -27,6 +27,7 @@ def session(threads: str, build_log: str):
 
     from .sessions import worker_paths
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # as local_session: this venv's workers
     builder = (SparkSession.builder.master("local[2]").appName("threads-bench")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
