@@ -9,7 +9,8 @@ Legs (see README, "Support matrix"):
 
 Every leg installs the package with the pins of ``constraints.txt``, except the pins the
 leg replaces. Venvs are reused while ``setup.cfg``/``constraints.txt`` are unchanged.
-Usage: ``python compat/matrix.py [--setup-only] [leg ...] [pytest options]``; exits
+Usage: ``python compat/matrix.py [--setup-only] [leg ...] [pytest options]`` (a later
+``-m`` replaces the default ``-m "not slow"``); exits
 non-zero if any leg fails (a leg whose tests were all skipped, or that ran no test,
 counts as failed). ``--setup-only`` just creates the legs' venvs.
 Standard library only: it runs before any venv exists.
@@ -38,13 +39,16 @@ class Leg:
     no_deps: list[str] = field(default_factory=list)  # installed without dependencies
 
 
+# The legs run the fast cases of the modules where the PySpark or Keras version changes
+# what happens (Arrow types, the daemon, ML persistence, cloudpickle by value); the
+# minutes-long end-to-end cases (@pytest.mark.slow) run on the main leg only.
 LEGS = [
     Leg("spark35-keras3", ".venv-spark35", {"pyspark": "3.5.9"}, "test",
         ["tests/test_spark_broadcast.py", "tests/test_spark_cluster.py",
-         "tests/test_spark_main_objects.py", "tests/test_spark_reliability.py",
-         "tests/test_score_job.py", "tests/test_spark_inputs.py",
-         "tests/test_spark_shared_weights.py", "tests/test_spark_daemon.py",
-         "tests/test_spark_ml.py", "tests/test_spark_struct_inputs.py"]),
+         "tests/test_spark_reliability.py", "tests/test_spark_inputs.py",
+         "tests/test_spark_real_inputs.py", "tests/test_spark_shared_weights.py",
+         "tests/test_spark_daemon.py", "tests/test_spark_ml.py",
+         "tests/test_spark_struct_inputs.py"]),
     # tf-keras 2.21 depends on `tensorflow`; this project pins the identical CPU build
     # `tensorflow-cpu`, so tf-keras goes in without dependencies instead of pulling a
     # second TensorFlow over the first.
@@ -156,7 +160,7 @@ def run_leg(leg: Leg, pytest_args: list[str]) -> dict[str, str]:
     info = versions(python, env)
     started = time.monotonic()
     print(f"\n=== {leg.name}: {' '.join(leg.tests)}", flush=True)
-    returncode, lines = run_pytest(python, [*leg.tests, *pytest_args], env)
+    returncode, lines = run_pytest(python, [*leg.tests, "-m", "not slow", *pytest_args], env)
     ok, result = leg_result(returncode, lines)
     info.update(leg=leg.name, result=result, seconds=f"{time.monotonic() - started:.0f}",
                 ok=str(ok))

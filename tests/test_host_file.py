@@ -306,6 +306,7 @@ def test_a_file_repaired_by_another_process_while_loading_is_used(tmp_path):
 
 # --- through real Spark ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_a_full_executor_folder_scores_from_memory(spark, tmp_path):
     """spark.local.dir's payload folder is full (or read-only): BroadcastModel still
     scores, from the broadcast payload (or the URI read into memory), and each worker's

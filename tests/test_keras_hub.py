@@ -52,6 +52,7 @@ def test_the_signature_is_the_preprocessors_input(classifier):
     np.testing.assert_allclose(got, classifier.predict(TEXTS, verbose=0), atol=1e-5)
 
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_a_text_classifier_scores_a_string_column(spark, text_bm, classifier, build_log):
     want = classifier.predict(TEXTS, verbose=0)
     assert np.ptp(want, axis=0).max() > 1e-3  # the texts give different predictions

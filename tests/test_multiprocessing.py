@@ -43,6 +43,7 @@ SEED_EXAMPLE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_seed_example_passes_the_model_to_a_spawned_process(tmp_path):
     run_script(tmp_path, SEED_EXAMPLE, "SPAWN-OK")
 

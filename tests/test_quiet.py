@@ -133,6 +133,7 @@ def test_tf_keras_main_classes_reach_workers_without_autograph_warnings(tmp_path
     assert noise(output, AUTOGRAPH_NOISE) == [], output[-4000:]
 
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 @pytest.mark.skipif(flavour.legacy_requested(), reason="Keras 3 process only")
 def test_keras3_main_classes_reach_workers_without_autograph_warnings(tmp_path):
     proc = run(tmp_path, MAIN_CLASSES.format(keras="keras", spark=False, root=REPO_ROOT))
@@ -155,6 +156,7 @@ print(float(tf.constant(1.0) + 1.0), "PRELOADED")
 """
 
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_preload_drops_the_startup_lines_the_log_level_hides(tmp_path):
     loud = run(tmp_path, PRELOAD, TF_CPP_MIN_LOG_LEVEL="0")
     assert loud.returncode == 0 and "PRELOADED" in loud.stdout, loud.stderr[-4000:]

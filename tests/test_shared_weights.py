@@ -188,6 +188,7 @@ def _land_in(folder, payload, log, barrier, results):
     results.put(_land_counting(folder, payload, log, barrier))
 
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_concurrent_first_use_writes_once(tmp_path):
     payload = sk.dumps(models.mlp(32, 256, 4))
     ctx = mp.get_context("spawn")

@@ -237,6 +237,7 @@ def long_stream(spark, build_log, tmp_path_factory):
     return {"bm": bm, "batches": batches, "before": before, "after": after}
 
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_long_stream_builds_once_per_worker(long_stream, build_log):
     bm = long_stream["bm"]
     assert len(long_stream["batches"]) == LONG_WARMUP_FILES + LONG_FILES
@@ -247,6 +248,7 @@ def test_long_stream_builds_once_per_worker(long_stream, build_log):
     assert all(r.get("shared") for r in records), records  # built on the executor's file
 
 
+@pytest.mark.slow  # shares the long stream above
 def test_long_stream_does_not_grow_worker_memory(long_stream):
     """30 micro-batches after a 6-batch warm-up add less than one copy of the weights to
     the workers' RSS, summed over the workers that scored. A model kept per micro-batch

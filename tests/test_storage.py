@@ -95,6 +95,7 @@ def test_missing_and_foreign_files_are_named(tmp_path, s3):
 
 # --- on Spark ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_s3_models_are_read_by_the_executor_once_and_match_bit_for_bit(spark, build_log, s3, tmp_path):
     model = models.mlp(6, 16, 3)
     x = np.random.default_rng(3).standard_normal((48, 6)).astype("float32")
