@@ -110,6 +110,11 @@ class _KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
         "value): 'error' fails the task naming the column and row, 'null' gives the row a "
         "null prediction",
         typeConverter=_to_on_invalid)
+    errorCol: "Param[str]" = Param(
+        Params._dummy(), "errorCol",
+        "a string column added with, for each invalid row, why the model cannot take it "
+        "(null for scored rows); needs onInvalid='null'",
+        typeConverter=TypeConverters.toString)
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,6 +128,10 @@ class _KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
         """Gets the value of onInvalid or its default value."""
         return self.getOrDefault(self.onInvalid)
 
+    def getErrorCol(self) -> str | None:
+        """Gets the value of errorCol (None: not set, no error column)."""
+        return self.getOrDefault(self.errorCol) if self.isDefined(self.errorCol) else None
+
 
 # --- the stage -----------------------------------------------------------------------------
 
@@ -135,7 +144,9 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
     exactly one of them; ``outputCol`` (default ``"prediction"``: a scalar column for a
     single-unit output, an array for a vector output, a struct with one field per output
     for a multi-output model); ``batchSize`` (default 1024); ``onInvalid`` (``"error"``
-    or ``"null"``, see :meth:`BroadcastModel.predict_udf`).
+    or ``"null"``, see :meth:`BroadcastModel.predict_udf`); ``errorCol`` (unset by
+    default; with ``onInvalid="null"``, a string column saying why each invalid row got
+    a null prediction, see :meth:`BroadcastModel.transform`).
 
     Args:
         model: a Keras model, a ``.keras`` file or payload file (a local path or a URI
@@ -156,6 +167,7 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
     def __init__(self, *, model: Any = None, inputCol: str | None = None,
                  inputCols: list[str] | None = None, outputCol: str = "prediction",
                  batchSize: int = DEFAULT_BATCH_SIZE, onInvalid: str = "error",
+                 errorCol: str | None = None,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True, preprocess: Any = None) -> None:
         super().__init__()
@@ -170,9 +182,11 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
     @keyword_only
     def setParams(self, *, inputCol: str | None = None, inputCols: list[str] | None = None,
                   outputCol: str | None = None, batchSize: int | None = None,
-                  onInvalid: str | None = None) -> "KerasTransformer":
+                  onInvalid: str | None = None,
+                  errorCol: str | None = None) -> "KerasTransformer":
         """setParams(self, \\*, inputCol=None, inputCols=None, outputCol=None, batchSize=None,
-        onInvalid=None): sets the params given (``None`` leaves a param as it is)."""
+        onInvalid=None, errorCol=None): sets the params given (``None`` leaves a param as
+        it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def setInputCol(self, value: str) -> "KerasTransformer":
@@ -194,6 +208,10 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
     def setOnInvalid(self, value: str) -> "KerasTransformer":
         """Sets the value of :py:attr:`onInvalid`."""
         return self._set(onInvalid=value)
+
+    def setErrorCol(self, value: str) -> "KerasTransformer":
+        """Sets the value of :py:attr:`errorCol`."""
+        return self._set(errorCol=value)
 
     # --- the model ---------------------------------------------------------------------
 
@@ -247,7 +265,7 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
         on_invalid = _to_on_invalid(self.getOnInvalid())
         handle = self._require_source().handle_for(dataset.sparkSession, self.uid)
         return handle.transform(dataset, columns, output, batch_size=batch_size,
-                                on_invalid=on_invalid)
+                                on_invalid=on_invalid, error_col=self.getErrorCol())
 
     # --- persistence -----------------------------------------------------------------------
 

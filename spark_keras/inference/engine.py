@@ -35,11 +35,15 @@ def check_batch_size(batch_size: Any) -> int:
 @dataclass(frozen=True)
 class Scored:
     """A batch's predictions: ``outputs`` (flat, signature order) for the valid rows only;
-    ``invalid`` marks the rows left out (None: every row was scored)."""
+    ``invalid`` marks the rows left out (None: every row was scored); ``reasons``, when
+    asked for, says why."""
 
     signature: Signature
     outputs: list[np.ndarray]
     invalid: np.ndarray | None
+    # when asked for: why each row of ``invalid`` was left out (an object array of
+    # texts, None for scored rows); None when every row was scored
+    reasons: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -55,6 +59,15 @@ def model_inputs(columns: Columns, signature: Signature, on_invalid: str = "erro
     column, the row (numbered from ``first_row`` within ``where``) and what is wrong; with
     ``"null"`` invalid rows are left out of the inputs and marked in the mask.
     """
+    inputs, invalid, _ = _model_inputs(columns, signature, on_invalid, where, first_row, False)
+    return inputs, invalid
+
+
+def _model_inputs(columns: Columns, signature: Signature, on_invalid: str, where: str,
+                  first_row: int, reasons: bool
+                  ) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
+    """:func:`model_inputs`, and with ``reasons`` why each invalid row is (see
+    :func:`invalid_reasons`)."""
     check_on_invalid(on_invalid)
     reads = [_read(spec, cols) for spec, cols in assign(columns, signature)]
     invalid = None
@@ -68,7 +81,29 @@ def model_inputs(columns: Columns, signature: Signature, on_invalid: str = "erro
             invalid = bad if invalid is None else invalid | bad
     keep = None if invalid is None else ~invalid
     inputs = [_values(group, spec, keep) for group, spec in zip(reads, signature.inputs)]
-    return inputs, invalid
+    why = invalid_reasons(reads, invalid, where, first_row) if reasons else None
+    return inputs, invalid, why
+
+
+def invalid_reasons(reads: list[list[ColumnRead]], invalid: np.ndarray | None,
+                    where: str = "batch", first_row: int = 0) -> np.ndarray | None:
+    """Per row, why it is invalid: the error ``on_invalid="error"`` would raise for it
+    (its first column at fault, in input order, and that column's first problem with
+    it), without the count and the hint; None for valid rows. Texts are made for the
+    invalid rows only; None when there are none."""
+    if invalid is None:
+        return None
+    out = np.full(len(invalid), None, dtype=object)
+    todo = invalid.copy()
+    for group in reads:
+        for r in group:
+            bad = r.invalid
+            if bad is None:
+                continue
+            for row in np.flatnonzero(bad & todo):
+                out[row] = r.reason(int(row), where, first_row)
+            todo &= ~bad
+    return out
 
 
 def _read(spec: TensorSpec, cols: list) -> list[ColumnRead]:
@@ -99,20 +134,21 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
 
 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
-          where: str = "batch", first_row: int = 0) -> Scored:
+          where: str = "batch", first_row: int = 0, reasons: bool = False) -> Scored:
     """Predictions of ``handle``'s model (a :class:`~spark_keras.handle.ModelHandle`, or
     anything with ``predictor`` and ``signature``) for ``columns``, made into the model's
     inputs by the handle's ``preprocess`` function first if it has one. An empty batch, or
-    one where every row is invalid, gives empty outputs of the output specs' dtypes."""
+    one where every row is invalid, gives empty outputs of the output specs' dtypes.
+    ``reasons``: also say why each invalid row is (``Scored.reasons``)."""
     predictor = handle.predictor
     signature = predictor.signature
     preprocess = getattr(handle, "preprocess", None)
     if preprocess is not None:
         columns = preprocess.apply(columns, signature, where=where, first_row=first_row)
-    inputs, invalid = model_inputs(columns, signature, on_invalid, where=where,
-                                   first_row=first_row)
+    inputs, invalid, why = _model_inputs(columns, signature, on_invalid, where, first_row,
+                                         reasons)
     outputs = predictor(inputs, batch_size) if len(inputs[0]) else empty_outputs(signature)
-    return Scored(signature, outputs, invalid)
+    return Scored(signature, outputs, invalid, why)
 
 
 def empty_outputs(signature: Signature) -> list[np.ndarray]:

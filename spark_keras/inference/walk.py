@@ -112,19 +112,31 @@ class ColumnRead:
     def _culprit(self, row: int) -> str:
         return _culprit_in(self, row) if self.parts else self.name
 
+    def _what(self, row: int, where: str, first_row: int) -> str:
+        """What is wrong with the invalid ``row``: its column and the first problem."""
+        problem = next(p for p in self.problems if p.rows[row])
+        at = f"row {first_row + row} of this {where}"
+        return f"column {self._culprit(row)!r}: {problem.describe(row, at)}"
+
+    def _expected(self) -> str:
+        return (f"the model input {self.spec.name!r} expects {self.spec.describe()} "
+                f"per row{self.column_note}")
+
     def error(self, where: str, first_row: int = 0) -> ModelInputError:
         """The error for this column's first invalid row (call when :attr:`invalid`);
         rows are numbered from ``first_row`` within ``where`` ("batch", "partition")."""
         mask = self.invalid
         assert mask is not None
         row = int(np.argmax(mask))
-        problem = next(p for p in self.problems if p.rows[row])
         count = int(mask.sum())
-        at = f"row {first_row + row} of this {where}"
         return ModelInputError(
-            f"column {self._culprit(row)!r}: {problem.describe(row, at)} ({count} invalid row(s) in "
-            f"this {where}); the model input {self.spec.name!r} expects {self.spec.describe()} "
-            f"per row{self.column_note} ({NULL_POLICY_HINT})")
+            f"{self._what(row, where, first_row)} ({count} invalid row(s) in this {where}); "
+            f"{self._expected()} ({NULL_POLICY_HINT})")
+
+    def reason(self, row: int, where: str = "batch", first_row: int = 0) -> str:
+        """Why the invalid ``row`` cannot be scored, in the words of :meth:`error` (the
+        column, what is wrong, what the input expects), for ``on_invalid="null"``."""
+        return f"{self._what(row, where, first_row)}; {self._expected()}"
 
 
 def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
     spark-keras score --model model.keras --input data.parquet --output scored.parquet \\
         --features features [--batch-size 1024] [--master local[*]] [--overwrite] \\
-        [--on-invalid error|null]
+        [--on-invalid error|null [--error-col error]] [--metrics-json metrics.json]
 
     spark-submit --master yarn [--properties-file spark-defaults.conf] \\
         "$(spark-keras job-file score)" --model ... --input ... --output ... --features ...
@@ -17,7 +17,8 @@ score`` prints its path). The repository's ``jobs/score.py`` is a wrapper of it.
 ``--model`` is a ``.keras`` file or a spark_keras payload, a local path or a URI
 (``s3://``, ``hdfs://``...: executors read it from storage, see BroadcastModel); ``--features`` is one array or
 Vector column, or a comma-separated list of scalar columns (or one column per model
-input). The output keeps every input column and adds ``--output-col``. It is written to a
+input). The output keeps every input column and adds ``--output-col`` (and ``--error-col``:
+why each invalid row got a null prediction). It is written to a
 temporary folder and renamed into place only when complete. Errors print one line and
 exit with status 2; nothing partial is left behind.
 
@@ -81,6 +82,12 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--on-invalid", choices=["error", "null"], default="error",
                    help="a null/NaN/misshapen row fails the job (error) or gets a null prediction")
+    p.add_argument("--error-col", default=None,
+                   help="with --on-invalid null: a string column saying why each invalid row "
+                        "got a null prediction (null for scored rows)")
+    p.add_argument("--metrics-json", default=None, metavar="PATH",
+                   help="write the summary (rows, invalid_rows, model_builds, build_seconds, "
+                        "seconds, rows_per_second, builds_per_worker) as JSON to this local file")
     return p.parse_args(argv)
 
 
@@ -254,9 +261,33 @@ def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
         raise JobError(f"input path {args.input!r} does not exist")
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse options that do not go together, and a metrics file that cannot be written,
+    before any session starts."""
+    if args.error_col is not None and args.on_invalid != "null":
+        raise JobError(f"--error-col {args.error_col!r} needs --on-invalid null: with "
+                       f"--on-invalid {args.on_invalid} an invalid row fails the job")
+    if args.metrics_json is not None:
+        folder = os.path.dirname(os.path.abspath(args.metrics_json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise JobError(f"--metrics-json {args.metrics_json!r}: folder {folder!r} does not "
+                           f"exist or is not writable")
+
+
+def _write_metrics(path: str, summary: dict) -> None:
+    import json
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+    except OSError as exc:
+        raise JobError(f"cannot write --metrics-json {path!r}: {exc}") from exc
+
+
 def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     """The session and its path operations, paths checked. On Connect the checks run on
     the client first, so a bad path fails before a server is started or reached."""
+    _check_options(args)
     if args.remote:
         if args.master:
             raise JobError(f"--master {args.master!r} cannot be combined with Spark Connect "
@@ -311,8 +342,9 @@ def _builds_per_worker(folder: str | None) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Score ``args.input`` into ``args.output``; a summary (rows, seconds, rows/s, model
-    builds per worker). Raises :class:`JobError` for a reason to stop printed as one line."""
+    """Score ``args.input`` into ``args.output``; a summary (rows, invalid rows, seconds,
+    rows/s, model builds for this job and their seconds, builds per worker in the build
+    log), also written to ``--metrics-json``. Raises :class:`JobError` for a reason to stop printed as one line."""
     import spark_keras as sk
     from spark_keras import flavour
     from spark_keras.quiet import quiet_tensorflow_startup
@@ -332,8 +364,12 @@ def run(args: argparse.Namespace) -> dict:
         except sk.SparkKerasError as exc:  # StorageError, PayloadError...
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
 
+        from pyspark.sql import Observation
+
+        observation = Observation("spark_keras_score")
         scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
-                                  on_invalid=args.on_invalid)
+                                  on_invalid=args.on_invalid, error_col=args.error_col,
+                                  observe=observation)
         staging = f"{args.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
         try:
@@ -345,13 +381,21 @@ def run(args: argparse.Namespace) -> dict:
             paths.delete(staging)
             raise
         seconds = time.perf_counter() - started
-        rows = spark.read.parquet(paths.qualify(args.output)).count()
+        figures = observation.get
+        rows = int(figures["rows"])
         builds = _builds_per_worker(_build_log_folder(spark, args.remote))
-        summary = {"rows": rows, "seconds": round(seconds, 3),
+        summary = {"rows": rows, "invalid_rows": int(figures["invalid_rows"]),
+                   "seconds": round(seconds, 3),
                    "rows_per_second": round(rows / seconds, 1) if seconds else None,
+                   "model_builds": int(figures["model_builds"]),
+                   "build_seconds": round(float(figures["build_seconds"]), 3),
                    "builds_per_worker": builds}
-        logger.info("scored %d rows in %.2fs (%.0f rows/s); model builds per worker: %s",
-                    rows, seconds, rows / max(seconds, 1e-9), builds)
+        logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) "
+                    "in %.2fs; model builds per worker: %s", rows, summary["invalid_rows"],
+                    seconds, rows / max(seconds, 1e-9), summary["model_builds"],
+                    summary["build_seconds"], builds)
+        if args.metrics_json is not None:
+            _write_metrics(args.metrics_json, summary)
         return summary
     finally:
         spark.stop()
@@ -393,8 +437,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except Exception as exc:  # a failed Spark job: the Python error that caused it
         print(f"{prog}: error: {_reason(exc)}", file=sys.stderr)
         return 1
-    print(f"SCORED rows={summary['rows']} seconds={summary['seconds']} "
-          f"rows_per_second={summary['rows_per_second']} builds_per_worker={summary['builds_per_worker']}")
+    print(f"SCORED rows={summary['rows']} invalid_rows={summary['invalid_rows']} "
+          f"seconds={summary['seconds']} rows_per_second={summary['rows_per_second']} "
+          f"model_builds={summary['model_builds']} build_seconds={summary['build_seconds']} "
+          f"builds_per_worker={summary['builds_per_worker']}")
     return 0
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import threading
+import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
@@ -28,6 +30,17 @@ logger = logging.getLogger("spark_keras")
 _released: collections.deque[tuple[str, type[Transport]]] = collections.deque(maxlen=256)
 # In a worker: released keys already dropped here
 _dropped: set[str] = set()
+# In a worker: the builds of each handle's model in this process (on any device), and
+# the seconds they took, as the cache counts them; queries observed by ``transform`` report
+# the ones made while their tasks ran
+_built: dict[str, tuple[int, float]] = {}
+_built_lock = threading.Lock()
+
+
+def builds_here(key: str) -> tuple[int, float]:
+    """How many times this process built the model of the BroadcastModel ``key`` (on any
+    device), and the seconds those builds took."""
+    return _built.get(key, (0, 0.0))
 
 
 class BroadcastModel(ModelHandle):
@@ -153,8 +166,17 @@ class BroadcastModel(ModelHandle):
         self._check_usable()
         placement = resources.task_placement()  # sizes TensorFlow's pools first, once
         key = self._key + placement.key_suffix
-        entry = model_cache.get_or_build(key, lambda: self._build(placement))
+        entry = model_cache.get_or_build(key, lambda: self._timed_build(placement))
         return entry.value, placement
+
+    def _timed_build(self, placement: resources.Placement) -> tuple:
+        started = time.perf_counter()
+        built = self._build(placement)
+        seconds = time.perf_counter() - started
+        with _built_lock:
+            count, total = _built.get(self._key, (0, 0.0))
+            _built[self._key] = (count + 1, total + seconds)
+        return built
 
     def _build(self, placement: resources.Placement | None = None) -> tuple:
         placement = placement or resources.Placement()
@@ -191,19 +213,31 @@ class BroadcastModel(ModelHandle):
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
-                  profile: Any = None) -> Any:
+                  profile: Any = None, error_col: str | None = None,
+                  observe: Any = None) -> Any:
         """``df`` with every column kept plus ``output_col`` (a struct for multi-output
         models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion.
         ``on_invalid`` as in :meth:`predict_udf`. ``profile``: a
         ``pyspark.resource.ResourceProfile`` for the scoring stage alone (PySpark >= 4.0;
         stage-level scheduling: more CPUs, or GPUs, per scoring task); TensorFlow's
         thread pools and the model's device follow each task's resources (see
-        :mod:`spark_keras.spark.resources`)."""
+        :mod:`spark_keras.spark.resources`).
+
+        ``error_col`` (with ``on_invalid="null"`` only): a string column added too, null
+        for scored rows and, for each invalid row, what ``on_invalid="error"`` would have
+        raised for it (the column, what is wrong, what the input expects).
+
+        ``observe``: a ``pyspark.sql.Observation`` (or a name, for streaming queries,
+        whose progress then reports ``observedMetrics[name]``) that, once an action has
+        run, holds ``rows``, ``invalid_rows``, ``model_builds`` (builds of this model in
+        the Python workers while the query's tasks ran: 0 where a worker had it cached)
+        and ``build_seconds``."""
         from . import scoring
 
         self._check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
-                         on_invalid=on_invalid, profile=profile)
+                                 on_invalid=on_invalid, profile=profile, error_col=error_col,
+                                 observe=observe)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
                           on_invalid: str = "error") -> Iterator[Any]:

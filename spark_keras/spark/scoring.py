@@ -8,12 +8,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
+import numpy as np
 import pyarrow as pa
 
-from ..errors import ModelInputError
+from ..errors import ArgumentError, ArgumentTypeError, ModelInputError
 from ..handle import ModelHandle
 from ..inference import columns as cols
-from ..inference.engine import check_batch_size, check_on_invalid, score
+from ..inference.engine import Scored, check_batch_size, check_on_invalid, score
 from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
 from .resources import check_profile
@@ -105,35 +106,140 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
     return struct_or_null
 
 
+# the per-batch figures an observed transform adds, aggregated by ``df.observe`` and
+# dropped: (hidden column, metric, Arrow type)
+_HIDDEN = (("__spark_keras_invalid_rows", "invalid_rows", pa.int64()),
+           ("__spark_keras_model_builds", "model_builds", pa.int64()),
+           ("__spark_keras_build_seconds", "build_seconds", pa.float64()))
+METRICS = ("rows",) + tuple(metric for _, metric, _ in _HIDDEN)
+
+
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               output_col: str, *, batch_size: int, on_invalid: str = "error",
-              profile: Any = None) -> Any:
+              profile: Any = None, error_col: str | None = None, observe: Any = None) -> Any:
     """``df`` plus ``output_col`` scored by ``mapInArrow``, in a stage run with
-    ``profile`` (a ``ResourceProfile``, PySpark >= 4.0) if one is given."""
-    from pyspark.sql.types import StructField, StructType
+    ``profile`` (a ``ResourceProfile``, PySpark >= 4.0) if one is given; plus
+    ``error_col`` (why each invalid row is, null for scored rows) if given, which needs
+    ``on_invalid="null"``; observed as ``observe`` (an ``Observation`` or a name) with
+    :data:`METRICS` if given."""
+    from pyspark.sql.types import StringType, StructField, StructType
 
     check_on_invalid(on_invalid)
     check_profile(profile)
     batch_size = check_batch_size(batch_size)
+    _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     missing = [c for c in names if c not in df.columns]
     if missing:
         raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {df.columns}")
     if output_col in df.columns:
         raise ModelInputError(f"output column {output_col!r} already exists in the DataFrame")
-    schema = StructType(df.schema.fields + [StructField(output_col, prediction_type(handle.signature))])
+    fields = [StructField(output_col, prediction_type(handle.signature))]
+    if error_col is not None:
+        _check_error_col(error_col, on_invalid, output_col, df.columns)
+        fields.append(StructField(error_col, StringType()))
+    hidden = [name for name, _, _ in _HIDDEN] if observe is not None else []
+    clash = [c for c in hidden if c in df.columns]
+    if clash:
+        raise ModelInputError(f"column(s) {clash} of the DataFrame are the ones an observed "
+                              f"transform adds for its figures: rename them")
+    fields += [StructField(name, _spark_type(t)) for name, _, t in _HIDDEN if name in hidden]
+    schema = StructType(df.schema.fields + fields)
+    out_names = [f.name for f in fields]
+    reasons = error_col is not None
 
     def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        seen = _builds(handle) if hidden else None
         for batch in batches:
             columns = cols.from_arrow(names, [batch.column(c) for c in names])
-            prediction = to_arrow(score(handle, columns, batch_size=batch_size,
-                                        on_invalid=on_invalid))
-            yield pa.RecordBatch.from_arrays([*batch.columns, prediction],
-                                             names=[*batch.schema.names, output_col])
+            scored = score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
+                           reasons=reasons)
+            arrays = [to_arrow(scored)]
+            if reasons:
+                arrays.append(_reasons(scored))
+            if hidden:
+                arrays += _figures(scored, seen, _builds(handle))
+                if len(batch):  # else the builds go with the next batch
+                    seen = _builds(handle)
+            yield pa.RecordBatch.from_arrays([*batch.columns, *arrays],
+                                             names=[*batch.schema.names, *out_names])
 
-    if profile is None:  # PySpark 3.5's mapInArrow has no profile parameter
-        return df.mapInArrow(predict, schema)
-    return df.mapInArrow(predict, schema, profile=profile)
+    # PySpark 3.5's mapInArrow has no profile parameter
+    scored = df.mapInArrow(predict, schema) if profile is None \
+        else df.mapInArrow(predict, schema, profile=profile)
+    if observe is None:
+        return scored
+    from pyspark.sql import functions as F
+
+    metrics = [F.count(F.lit(1)).alias("rows")]
+    metrics += [F.coalesce(F.sum(name), F.lit(0)).alias(metric) for name, metric, _ in _HIDDEN]
+    return scored.observe(observe, *metrics).drop(*hidden)
+
+
+def _check_error_col(error_col: Any, on_invalid: str, output_col: str,
+                     columns: Sequence[str]) -> None:
+    if on_invalid != "null":
+        raise ArgumentError(
+            f"error_col={error_col!r} needs on_invalid='null': with on_invalid="
+            f"{on_invalid!r} an invalid row fails the task instead of getting a reason")
+    if not isinstance(error_col, str) or not error_col:
+        raise ArgumentError(f"error_col must be a non-empty column name, not {error_col!r}")
+    if error_col == output_col or error_col in columns:
+        raise ModelInputError(f"error column {error_col!r} already exists in the DataFrame "
+                              f"or is the output column")
+
+
+def _check_observe(observe: Any) -> None:
+    """``observe`` must be None, a name, or a ``pyspark.sql.Observation`` (classic or
+    Spark Connect)."""
+    if observe is None or (isinstance(observe, str) and observe):
+        return
+    from pyspark.sql.observation import Observation
+
+    classes: list[type] = [Observation]
+    try:
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+        classes.append(ConnectObservation)
+    except Exception:  # no Connect client packages (grpc...): no Connect observations
+        pass
+    if not isinstance(observe, tuple(classes)):
+        raise ArgumentTypeError(f"observe must be a pyspark.sql.Observation or a non-empty "
+                                f"name (streaming queries), not {observe!r}")
+
+
+def _spark_type(t: pa.DataType) -> Any:
+    from pyspark.sql.types import DoubleType, LongType
+
+    return LongType() if t == pa.int64() else DoubleType()
+
+
+def _builds(handle: ModelHandle) -> tuple[int, float]:
+    from .broadcast import builds_here
+
+    return builds_here(handle.key)
+
+
+def _reasons(scored: Scored) -> pa.Array:
+    """Why each row was not scored (null for scored rows), as an Arrow string column."""
+    if scored.reasons is None:
+        return pa.nulls(scored.rows, pa.string())
+    return pa.array(scored.reasons, type=pa.string())
+
+
+def _figures(scored: Scored, seen: tuple[int, float], now: tuple[int, float]) -> list[pa.Array]:
+    """The hidden columns of one batch: its count of invalid rows, and the model builds
+    this process made (and their seconds) since ``seen``, on its first row; zeros after."""
+    n = scored.rows
+    values = (0 if scored.invalid is None else int(scored.invalid.sum()),
+              now[0] - seen[0], now[1] - seen[1])
+    arrays = []
+    for value, (_, _, t) in zip(values, _HIDDEN):
+        column = np.zeros(n, dtype=np.int64 if t == pa.int64() else np.float64)
+        if n:
+            column[0] = value
+        arrays.append(pa.array(column))
+    return arrays
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,

@@ -1,0 +1,213 @@
+"""Operating a scoring job: per-row error reasons (``error_col``) and observed figures
+(``observe``: rows, invalid rows, model builds) on local Spark, in a streaming query, in
+``KerasTransformer`` and in the score job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import spark_keras as sk
+from spark_keras.inference import columns as cols
+from spark_keras.inference import predictor_for
+from spark_keras.inference.engine import score
+
+from .conftest import builds_by_worker, run_score_job
+from .models import mlp
+
+N_FEATURES = 4
+BAD = {3: None, 11: [1.0, float("nan"), 0.0, 2.0], 22: [1.0, 2.0, 3.0]}  # null, NaN, short
+
+
+def rows_with_bad_ones(n: int = 30) -> list[tuple[int, list[float] | None]]:
+    rng = np.random.default_rng(7)
+    return [(i, BAD[i] if i in BAD else rng.standard_normal(N_FEATURES).tolist())
+            for i in range(n)]
+
+
+def image_column(sizes: list[tuple[int, int]]) -> pa.StructArray:
+    """Rows of Spark's image data source: 8-bit BGR images of the given sizes."""
+    return pa.array([{"origin": f"img{i}.png", "height": h, "width": w, "nChannels": 3,
+                      "mode": 16, "data": bytes(h * w * 3)} for i, (h, w) in enumerate(sizes)],
+                    pa.struct([("origin", pa.string()), ("height", pa.int32()),
+                               ("width", pa.int32()), ("nChannels", pa.int32()),
+                               ("mode", pa.int32()), ("data", pa.binary())]))
+
+
+def image_model():
+    import keras
+
+    return keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(),
+                             keras.layers.Dense(1)])
+
+
+@pytest.mark.parametrize("case", ["lists", "images"])
+def test_each_reason_is_the_error_the_row_raises_alone(case):
+    """The engine's reason for each invalid row is the error ``on_invalid="error"`` raises
+    for that row (numbered as in the batch), less the count and the hint; valid rows have
+    none, and their predictions are those of the batch without reasons."""
+    if case == "lists":
+        model = mlp(N_FEATURES)
+        arr = pa.array([r for _, r in rows_with_bad_ones(12)], pa.list_(pa.float64()))
+        bad = [3, 11]
+    else:
+        model = image_model()
+        arr = image_column([(4, 4), (4, 4), (5, 4), (4, 4), (3, 3)])
+        bad = [2, 4]
+    handle = SimpleNamespace(predictor=predictor_for(model))
+    scored = score(handle, cols.from_arrow(["x"], [arr]), batch_size=8, on_invalid="null",
+                   reasons=True)
+    assert np.flatnonzero(scored.invalid).tolist() == bad
+    assert [i for i, r in enumerate(scored.reasons) if r is not None] == bad
+    for row in bad:
+        with pytest.raises(sk.ModelInputError) as raised:
+            score(handle, cols.from_arrow(["x"], [arr[row:row + 1]]), batch_size=8,
+                  first_row=row)
+        alone = re.sub(r" \(1 invalid row\(s\) in this batch\)", "", str(raised.value))
+        alone = alone[:alone.rindex(" (on_invalid=")]
+        assert scored.reasons[row] == alone
+        assert scored.reasons[row].startswith("column 'x': ")
+    plain = score(handle, cols.from_arrow(["x"], [arr]), batch_size=8, on_invalid="null")
+    assert plain.reasons is None
+    np.testing.assert_array_equal(plain.outputs[0], scored.outputs[0])
+    if case == "images":
+        assert "(img2.png) is 5 x 4 x 3; the model input takes 4 x 4 x 3" in scored.reasons[2]
+
+
+@pytest.fixture(scope="module")
+def frame(spark):
+    return spark.createDataFrame(rows_with_bad_ones(), "id long, features array<double>") \
+        .repartition(3)
+
+
+@pytest.fixture(scope="module")
+def bm(spark):
+    """One handle for the module: the first test using it sees all its builds."""
+    return sk.BroadcastModel(spark, mlp(N_FEATURES))
+
+
+def test_error_col_and_observed_figures(build_log, frame, bm):
+    from pyspark.sql import Observation
+
+    with pytest.raises(sk.ArgumentError, match="error_col='error' needs on_invalid='null'"):
+        bm.transform(frame, "features", error_col="error")
+    with pytest.raises(sk.ArgumentTypeError, match="observe must be"):
+        bm.transform(frame, "features", observe=3)
+
+    first = Observation("first")
+    out = bm.transform(frame, "features", on_invalid="null", error_col="error", observe=first)
+    assert out.columns == ["id", "features", "prediction", "error"]
+    got = {r.id: (r.prediction, r.error) for r in out.collect()}
+    figures = first.get
+    assert figures["rows"] == 30 and figures["invalid_rows"] == 3, figures
+    errors = {i: e for i, (_, e) in got.items() if e is not None}
+    assert sorted(errors) == sorted(BAD)
+    assert all(got[i][0] is None for i in BAD) and all(got[i][0] is not None
+                                                       for i in got if i not in BAD)
+    assert "null value(s)" in errors[3] and "NaN or infinite" in errors[11]
+    assert "3 values" in errors[22] and "4 are expected" in errors[22]
+    assert all(e.startswith("column 'features': ") for e in errors.values())
+    # every build of this model so far happened in this query's tasks
+    builds = sum(builds_by_worker(build_log, bm.key).values())
+    assert figures["model_builds"] == builds >= 1, (figures, builds)
+    assert figures["build_seconds"] > 0
+
+    # a second query: workers that have the model cached build nothing for it
+    second = Observation("second")
+    bm.transform(frame, "features", on_invalid="null", observe=second).count()
+    more = sum(builds_by_worker(build_log, bm.key).values()) - builds
+    assert second.get["model_builds"] == more and second.get["rows"] == 30, second.get
+    assert second.get["invalid_rows"] == 3
+    assert (second.get["build_seconds"] > 0) == (more > 0)
+
+
+def test_streaming_query_reports_the_figures(spark, bm, tmp_path):
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for part in range(2):
+        rows = rows_with_bad_ones()[part * 15:(part + 1) * 15]
+        pq.write_table(pa.table({"id": pa.array([i for i, _ in rows], pa.int64()),
+                                 "features": pa.array([r for _, r in rows],
+                                                      pa.list_(pa.float64()))}),
+                       folder / f"part-{part}.parquet")
+    stream = spark.readStream.schema("id long, features array<double>") \
+        .option("maxFilesPerTrigger", 1).parquet(str(folder))
+    scored = bm.transform(stream, "features", on_invalid="null", error_col="error",
+                          observe="scoring")
+    query = (scored.writeStream.format("parquet").option("path", str(tmp_path / "sink"))
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert query.exception() is None, query.exception()
+    observed = [p["observedMetrics"]["scoring"] for p in query.recentProgress
+                if p["numInputRows"]]
+    assert len(observed) == 2, query.recentProgress
+    assert sum(o["rows"] for o in observed) == 30
+    assert sum(o["invalid_rows"] for o in observed) == 3
+    assert [o["invalid_rows"] for o in observed] == [2, 1]  # rows 3, 11 | row 22
+    sink = spark.read.parquet(str(tmp_path / "sink")).where("error is not null")
+    assert sorted(r.id for r in sink.select("id").collect()) == sorted(BAD)
+
+
+def test_keras_transformer_error_col(frame, bm):
+    from spark_keras.ml import KerasTransformer
+
+    stage = KerasTransformer(model=bm, inputCol="features", onInvalid="null", errorCol="why")
+    out = stage.transform(frame).where("why is not null").select("id", "why").collect()
+    assert sorted(r.id for r in out) == sorted(BAD)
+    assert KerasTransformer().getErrorCol() is None
+    with pytest.raises(sk.ArgumentError, match="needs on_invalid='null'"):
+        stage.copy().setOnInvalid("error").transform(frame)
+
+
+@pytest.mark.slow  # saving runs a Spark job in a Python worker of its own: 30-40 s here
+def test_keras_transformer_error_col_is_saved(spark, frame, tmp_path):
+    from spark_keras.ml import KerasTransformer
+
+    stage = KerasTransformer(model=mlp(N_FEATURES), inputCol="features", onInvalid="null",
+                             errorCol="why")
+    stage.write().save(str(tmp_path / "stage"))
+    loaded = KerasTransformer.load(str(tmp_path / "stage"))
+    assert loaded.getErrorCol() == "why" and loaded.getOnInvalid() == "null"
+    out = loaded.transform(frame).where("why is not null").select("id", "why").collect()
+    assert sorted(r.id for r in out) == sorted(BAD)
+
+
+@pytest.mark.slow  # a whole job with its own Spark driver
+def test_score_job_error_col_and_metrics_json(tmp_path):
+    import pyarrow.parquet as pq
+
+    rows = rows_with_bad_ones()
+    pq.write_table(pa.table({"id": pa.array([i for i, _ in rows], pa.int64()),
+                             "features": pa.array([r for _, r in rows], pa.list_(pa.float64()))}),
+                   tmp_path / "in.parquet")
+    sk.save(mlp(N_FEATURES), str(tmp_path / "model.skp"))
+    metrics = tmp_path / "metrics.json"
+    proc = run_score_job("--master", "local[2]", "--model", str(tmp_path / "model.skp"),
+                         "--input", str(tmp_path / "in.parquet"),
+                         "--output", str(tmp_path / "out"), "--features", "features",
+                         "--on-invalid", "null", "--error-col", "error",
+                         "--metrics-json", str(metrics), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("SCORED ")][0]
+    assert line.startswith("SCORED rows=30 invalid_rows=3 "), line
+    figures = json.loads(metrics.read_text())
+    assert figures["rows"] == 30 and figures["invalid_rows"] == 3
+    assert figures["model_builds"] == sum(figures["builds_per_worker"].values()) >= 1
+    assert f"model_builds={figures['model_builds']} " in line
+    out = pq.read_table(str(tmp_path / "out")).to_pandas()
+    assert sorted(out.loc[out["error"].notna(), "id"]) == sorted(BAD)
+    bad = run_score_job("--master", "local[2]", "--model", str(tmp_path / "model.skp"),
+                        "--input", str(tmp_path / "in.parquet"),
+                        "--output", str(tmp_path / "out2"), "--features", "features",
+                        "--error-col", "error", cwd=str(tmp_path))
+    assert bad.returncode == 2 and "needs --on-invalid null" in bad.stderr, bad.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "out2")
