@@ -263,9 +263,13 @@ class KerasTransformer(Transformer, _KerasTransformerParams, MLReadable["KerasTr
         # values set by hand into the param map skip the converters: check them again
         batch_size = _to_batch_size(self.getBatchSize())
         on_invalid = _to_on_invalid(self.getOnInvalid())
+        error_col = self.getErrorCol()
+        if error_col is not None and on_invalid != "null":
+            raise ArgumentError(f"{self.uid}: errorCol={error_col!r} needs onInvalid='null' "
+                                f"(with onInvalid={on_invalid!r} an invalid row fails the task)")
         handle = self._require_source().handle_for(dataset.sparkSession, self.uid)
         return handle.transform(dataset, columns, output, batch_size=batch_size,
-                                on_invalid=on_invalid, error_col=self.getErrorCol())
+                                on_invalid=on_invalid, error_col=error_col)
 
     # --- persistence -----------------------------------------------------------------------
 

@@ -164,11 +164,10 @@ def test_keras_transformer_error_col(frame, bm):
     out = stage.transform(frame).where("why is not null").select("id", "why").collect()
     assert sorted(r.id for r in out) == sorted(BAD)
     assert KerasTransformer().getErrorCol() is None
-    with pytest.raises(sk.ArgumentError, match="needs on_invalid='null'"):
+    with pytest.raises(sk.ArgumentError, match="errorCol='why' needs onInvalid='null'"):
         stage.copy().setOnInvalid("error").transform(frame)
 
 
-@pytest.mark.slow  # saving runs a Spark job in a Python worker of its own: 30-40 s here
 def test_keras_transformer_error_col_is_saved(spark, frame, tmp_path):
     from spark_keras.ml import KerasTransformer
 
@@ -197,7 +196,7 @@ def test_score_job_error_col_and_metrics_json(tmp_path):
                          "--on-invalid", "null", "--error-col", "error",
                          "--metrics-json", str(metrics), cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("SCORED ")][0]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("SCORED "))
     assert line.startswith("SCORED rows=30 invalid_rows=3 "), line
     figures = json.loads(metrics.read_text())
     assert figures["rows"] == 30 and figures["invalid_rows"] == 3

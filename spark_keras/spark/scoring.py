@@ -106,12 +106,12 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
     return struct_or_null
 
 
-# the per-batch figures an observed transform adds, aggregated by ``df.observe`` and
-# dropped: (hidden column, metric, Arrow type)
-_HIDDEN = (("__spark_keras_invalid_rows", "invalid_rows", pa.int64()),
-           ("__spark_keras_model_builds", "model_builds", pa.int64()),
-           ("__spark_keras_build_seconds", "build_seconds", pa.float64()))
-METRICS = ("rows",) + tuple(metric for _, metric, _ in _HIDDEN)
+# An observed transform adds one hidden struct column, non-null on the first row of each
+# batch only: that batch's figures, summed by ``df.observe`` and dropped after
+_FIGURES = "__spark_keras_figures"
+METRICS = (("rows", pa.int64()), ("invalid_rows", pa.int64()), ("model_builds", pa.int64()),
+           ("build_seconds", pa.float64()))
+_FIGURES_TYPE = pa.struct(list(METRICS))
 
 
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
@@ -138,12 +138,12 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     if error_col is not None:
         _check_error_col(error_col, on_invalid, output_col, df.columns)
         fields.append(StructField(error_col, StringType()))
-    hidden = [name for name, _, _ in _HIDDEN] if observe is not None else []
-    clash = [c for c in hidden if c in df.columns]
-    if clash:
-        raise ModelInputError(f"column(s) {clash} of the DataFrame are the ones an observed "
-                              f"transform adds for its figures: rename them")
-    fields += [StructField(name, _spark_type(t)) for name, _, t in _HIDDEN if name in hidden]
+    hidden = observe is not None
+    if hidden:
+        if _FIGURES in df.columns:
+            raise ModelInputError(f"column {_FIGURES!r} of the DataFrame is the one an "
+                                  f"observed transform adds for its figures: rename it")
+        fields.append(StructField(_FIGURES, _figures_type()))
     schema = StructType(df.schema.fields + fields)
     out_names = [f.name for f in fields]
     reasons = error_col is not None
@@ -158,9 +158,10 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
             if reasons:
                 arrays.append(_reasons(scored))
             if hidden:
-                arrays += _figures(scored, seen, _builds(handle))
+                now = _builds(handle)
+                arrays.append(_figures(scored, now[0] - seen[0], now[1] - seen[1]))
                 if len(batch):  # else the builds go with the next batch
-                    seen = _builds(handle)
+                    seen = now
             yield pa.RecordBatch.from_arrays([*batch.columns, *arrays],
                                              names=[*batch.schema.names, *out_names])
 
@@ -171,9 +172,9 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         return scored
     from pyspark.sql import functions as F
 
-    metrics = [F.count(F.lit(1)).alias("rows")]
-    metrics += [F.coalesce(F.sum(name), F.lit(0)).alias(metric) for name, metric, _ in _HIDDEN]
-    return scored.observe(observe, *metrics).drop(*hidden)
+    metrics = [F.coalesce(F.sum(F.col(_FIGURES)[name]), F.lit(0)).alias(name)
+               for name, _ in METRICS]
+    return scored.observe(observe, *metrics).drop(_FIGURES)
 
 
 def _check_error_col(error_col: Any, on_invalid: str, output_col: str,
@@ -201,17 +202,18 @@ def _check_observe(observe: Any) -> None:
         from pyspark.sql.connect.observation import Observation as ConnectObservation
 
         classes.append(ConnectObservation)
-    except Exception:  # no Connect client packages (grpc...): no Connect observations
+    except ImportError:  # no Connect client packages (grpc...): no Connect observations
         pass
     if not isinstance(observe, tuple(classes)):
         raise ArgumentTypeError(f"observe must be a pyspark.sql.Observation or a non-empty "
                                 f"name (streaming queries), not {observe!r}")
 
 
-def _spark_type(t: pa.DataType) -> Any:
-    from pyspark.sql.types import DoubleType, LongType
+def _figures_type() -> Any:
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
 
-    return LongType() if t == pa.int64() else DoubleType()
+    return StructType([StructField(name, LongType() if t == pa.int64() else DoubleType())
+                       for name, t in METRICS])
 
 
 def _builds(handle: ModelHandle) -> tuple[int, float]:
@@ -227,19 +229,22 @@ def _reasons(scored: Scored) -> pa.Array:
     return pa.array(scored.reasons, type=pa.string())
 
 
-def _figures(scored: Scored, seen: tuple[int, float], now: tuple[int, float]) -> list[pa.Array]:
-    """The hidden columns of one batch: its count of invalid rows, and the model builds
-    this process made (and their seconds) since ``seen``, on its first row; zeros after."""
+def _figures(scored: Scored, builds: int, seconds: float) -> pa.StructArray:
+    """The hidden column of one batch: null but on its first row, which holds the
+    batch's rows, its invalid rows, and the model builds this process made (and their
+    seconds) while scoring it (and any empty batch before it)."""
     n = scored.rows
-    values = (0 if scored.invalid is None else int(scored.invalid.sum()),
-              now[0] - seen[0], now[1] - seen[1])
-    arrays = []
-    for value, (_, _, t) in zip(values, _HIDDEN):
+    invalid = 0 if scored.invalid is None else int(scored.invalid.sum())
+    children = []
+    for value, (_, t) in zip((n, invalid, builds, seconds), METRICS):
         column = np.zeros(n, dtype=np.int64 if t == pa.int64() else np.float64)
         if n:
             column[0] = value
-        arrays.append(pa.array(column))
-    return arrays
+        children.append(pa.array(column))
+    nulls = np.ones(n, dtype=bool)
+    nulls[:1] = False
+    return pa.StructArray.from_arrays(children, fields=list(_FIGURES_TYPE),
+                                      mask=pa.array(nulls))
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
