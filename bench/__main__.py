@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs,threads] [--write]`.
+"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs,threads,operations] [--write]`.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -22,7 +22,8 @@ sys.path[:0] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").spl
 
 from . import report  # noqa: E402
 
-SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends", "inputs", "threads")
+SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends", "inputs", "threads",
+            "operations")
 
 
 def machine() -> str:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         results["scoring"], results["facts"] = rows, facts
         print("\n## Scoring throughput on local[2]\n")
         print(report.table(rows, floatfmt="{:,.2f}"))
-        print("\n" + "\n".join(f"{k}: {v:.1f}" for k, v in facts.items()))
+        print("\n" + "\n".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in facts.items()))
         for line in report.scoring_targets(rows, facts):
             print(line)
         section_done("scoring")
@@ -157,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{report.TITLES['threads']}\n")
         print(report.table(rows, floatfmt="{:,.2f}"))
         section_done("threads")
+    if "operations" in sections:
+        from . import operations_bench
+
+        rows = results["operations"] = operations_bench.run(quick=args.quick)
+        print(f"\n{report.TITLES['operations']}\n")
+        print(report.table(rows, floatfmt="{:,.3f}"))
+        section_done("operations")
     results["seconds"] = time.perf_counter() - started
     print(f"\nbench finished in {results['seconds']:.0f}s")
     if args.write:

@@ -78,8 +78,15 @@ def scoring_targets(rows: list[dict], facts: dict) -> list[str]:
             if row:
                 check(f"{workload} ({variant}) transform >= 0.9x hand-written best case",
                       row["x best case"], row["x best case"] >= 0.9)
-                info.append(f"[info] {workload} ({variant}) transform / ceiling 1/(1/raw+1/identity), "
-                            f"not a target: {row['x ceiling']:.2f}")
+            for method in ("BroadcastModel.transform", "BroadcastModel.predict_udf"):
+                row = _pick(rows, workload, variant, method)
+                if row and workload == "MLP":
+                    check(f"MLP ({variant}) {method.split('.')[-1]} >= {CEILING_SHARE}x the ceiling "
+                          f"1/(1/raw+1/identity) (aim {CEILING_AIM}x)", row["x ceiling"],
+                          row["x ceiling"] >= CEILING_SHARE)
+                elif row:
+                    info.append(f"[info] {workload} ({variant}) {method.split('.')[-1]} / ceiling, "
+                                f"not a target: {row['x ceiling']:.2f}")
             row = _pick(rows, workload, variant, "BroadcastModel.predict_udf")
             if row:
                 slower = 1 / row["x transform"]
@@ -98,6 +105,7 @@ def scoring_targets(rows: list[dict], facts: dict) -> list[str]:
 
 
 BEST_CASE_SHARE = 0.9  # transform against the hand-written mapInArrow, in rows/s
+CEILING_SHARE, CEILING_AIM = 0.7, 0.8  # transform and predict_udf against the ceiling (MLP)
 
 
 def inputs_targets(rows: list[dict], lengths: list[dict]) -> list[str]:
@@ -186,6 +194,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "frontends": "## Front-ends: predict_partition, pool_predict, predict_dask",
     "inputs": "## Text, image bytes and variable-length sequences on local[2]",
     "threads": "## TensorFlow thread pools per Python worker: the task's CPUs vs all cores",
+    "operations": "## Operating a scoring job: transform with error_col and observe vs without",
 }
 RUN_PREFIX = "_Measured by "
 
@@ -245,14 +254,17 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
             "of it;",
             "- `identity mapInArrow`: Spark moving every row to a Python worker and back, "
             "no model; `raw model (1 process)`: the model alone on numpy batches;",
-            "- `ceiling 1/(1/raw+1/identity)`: the two combined, an idealized bound (no "
-            "overlap, no contention between the workers) reported for information, not "
-            "a target (`x ceiling`).", "",
+            "- `ceiling 1/(1/raw+1/identity)`: the two combined, the bound if the two costs "
+            "simply add (`x ceiling`); the target is `transform` and `predict_udf` >= 0.7x "
+            "of it for the MLP (aim 0.8x). Each method, the identity and the raw model "
+            "(at its fastest call size, in the driver) are timed in three interleaved "
+            "rounds, best round each.", "",
             "Peak RSS is the largest VmHWM of the Python workers during the timed run.", "",
             table(results["scoring"], floatfmt="{:,.2f}"), "",
             "![scoring throughput](benchmarks.png)", "", "Targets:", ""]
         lines += [f"- {line}" for line in scoring_targets(results["scoring"], results["facts"])]
-        lines += ["", "Facts: " + ", ".join(f"{k} = {v:.1f}" for k, v in results["facts"].items()), "",
+        lines += ["", "Facts: " + ", ".join(f"{k} = {v:.1f}" if isinstance(v, float) else f"{k} = {v}"
+                                         for k, v in results["facts"].items()), "",
                   "Reading the memory rows: peak RSS is taken while a worker scores, so it includes "
                   "TensorFlow's buffers for one batch of activations (for the CNN at batch 64, one "
                   "118x158x32 float32 activation is 152 MB) and whatever earlier methods left in "
@@ -393,6 +405,13 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
             "worker sizes its pools to all the host's cores). The pools are the ones the workers' "
             "build log recorded.", "",
             table(results["threads"], floatfmt="{:,.2f}"), ""]
+    if "operations" in results:
+        blocks["operations"] = start("operations") + [
+            "`BroadcastModel.transform` of a 64-256-256-8 MLP on 200,000 rows (one in 1,000 null) "
+            "on local[2] with `on_invalid=\"null\"`: plain against with `error_col` and `observe` "
+            "(an `Observation` of rows, invalid rows, model builds and build seconds); the modes "
+            "interleaved after a warm-up of each, best of 3 runs (noop sink). Target: within 5%.", "",
+            table(results["operations"], floatfmt="{:,.3f}"), ""]
     return blocks
 
 

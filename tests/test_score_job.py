@@ -49,8 +49,8 @@ def summary(proc) -> tuple[int, dict]:
     """``rows`` and ``builds_per_worker`` from the job's one SCORED line."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SCORED ")]
     assert len(lines) == 1, (proc.stdout + proc.stderr)[-3000:]
-    found = re.fullmatch(r"SCORED rows=(\d+) seconds=\S+ rows_per_second=\S+ "
-                         r"builds_per_worker=(\{.*\})", lines[0])
+    found = re.fullmatch(r"SCORED rows=(\d+) invalid_rows=\d+ seconds=\S+ rows_per_second=\S+ "
+                         r"model_builds=\d+ build_seconds=\S+ builds_per_worker=(\{.*\})", lines[0])
     assert found, lines[0]
     return int(found[1]), ast.literal_eval(found[2])
 
