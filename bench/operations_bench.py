@@ -11,7 +11,6 @@ observed figures of every run are checked against the input.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -86,15 +85,10 @@ def run(quick: bool = False, repeats: int = 3) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import table
+    from .report import section_main
 
-    parser = argparse.ArgumentParser(prog="python -m bench.operations_bench")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    print(f"\ntransform of a 64-256-256-8 MLP, local[2], {os.cpu_count()} cores\n")
-    print(table(run(args.quick, args.repeats), floatfmt="{:,.3f}"))
-    return 0
+    return section_main("python -m bench.operations_bench", "transform of a 64-256-256-8 MLP", run,
+                        "{:,.3f}", argv)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 def table(rows: list[dict], floatfmt: str = "{:,.3f}") -> str:
     if not rows:
@@ -479,3 +481,19 @@ def write_docs(results: dict, docs: str | None = None) -> None:
         lines += [*block, ""]
     with open(path, "w") as f:
         f.write("\n".join(lines).rstrip("\n") + "\n")
+
+
+def section_main(prog: str, heading: str, run: Callable[[bool, int], list[dict]], floatfmt: str,
+                 argv: list[str] | None = None) -> int:
+    """``python -m bench.<section>``: one section alone, ``--quick`` and ``--repeats``
+    passed to ``run(quick, repeats)``, its table printed under ``heading``."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(f"\n{heading}, local[2], {os.cpu_count()} cores\n")
+    print(table(run(args.quick, args.repeats), floatfmt=floatfmt))
+    return 0

@@ -10,7 +10,6 @@ warm-up that builds the model in every worker; best of three timed runs written 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -91,15 +90,10 @@ def run(quick: bool = False, repeats: int = 3) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import table
+    from .report import section_main
 
-    parser = argparse.ArgumentParser(prog="python -m bench.threads_bench")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    print(f"\ntransform of a 256-512-512-8 MLP, local[2], {os.cpu_count()} cores\n")
-    print(table(run(args.quick, args.repeats), floatfmt="{:,.2f}"))
-    return 0
+    return section_main("python -m bench.threads_bench", "transform of a 256-512-512-8 MLP", run,
+                        "{:,.2f}", argv)
 
 
 if __name__ == "__main__":
