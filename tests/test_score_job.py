@@ -241,8 +241,11 @@ def test_connect_path_never_touches_the_jvm():
     functions = {top.name: top for top in tree.body if isinstance(top, ast.FunctionDef)}
     for name, classic in {"_open": {"_session", "HadoopPaths"},
                           "_build_log_folder": {"_classic_build_log"}}.items():
-        guard = functions[name].body[1]  # after the docstring: ``if <remote>: ... return``
-        assert isinstance(guard, ast.If) and "remote" in ast.unparse(guard.test)
+        # the first branch: ``if <remote>: ... return``, before any classic-only call
+        guard = next(node for node in functions[name].body if isinstance(node, ast.If))
+        assert "remote" in ast.unparse(guard.test), ast.unparse(guard)
+        before = functions[name].body[:functions[name].body.index(guard)]
+        assert not {n.id for s in before for n in ast.walk(s) if isinstance(n, ast.Name)} & classic
         assert isinstance(guard.body[-1], ast.Return) and not guard.orelse
         called = {n.func.id for n in ast.walk(guard) if isinstance(n, ast.Call)
                   and isinstance(n.func, ast.Name)}
