@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-slow test-compat demo bench bench-tf-keras fuzz check-java venv clean
+.PHONY: test test-slow test-bench test-compat demo bench bench-tf-keras fuzz check-java venv clean
 
 venv: $(STAMP)
 
@@ -28,12 +28,16 @@ check-java:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required by PySpark 4, found '$$v' (java -version)" >&2; exit 1; fi
 
-# The fast path (< 20 min here); `make test-slow` runs the cases marked slow.
+# The fast path (about 15 min here); `make test-slow` runs the cases marked slow (about
+# 25 min), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
 test: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" $(PYTEST_ARGS)
 
 test-slow: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m slow $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not bench" $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+
+test-bench: check-java $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m bench $(PYTEST_ARGS)
 
 # Compatibility legs, each in its own venv (.venv-spark35, .venv-tfkeras), reported as a
 # matrix: PySpark 3.5 + Keras 3 (the Spark suite), PySpark 4.3 + tf-keras (TF_USE_LEGACY_KERAS=1).

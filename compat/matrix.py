@@ -40,15 +40,14 @@ class Leg:
 
 
 # The legs run the fast cases of the modules where the PySpark or Keras version changes
-# what happens (Arrow types, the daemon, ML persistence, cloudpickle by value); the
-# minutes-long end-to-end cases (@pytest.mark.slow) run on the main leg only.
+# what happens (the UDF and Arrow paths and their types, the daemon, ML persistence,
+# cloudpickle by value); the minutes-long end-to-end cases (@pytest.mark.slow),
+# local-cluster, reliability and shared-file cases run on the main leg only.
 LEGS = [
     Leg("spark35-keras3", ".venv-spark35", {"pyspark": "3.5.9"}, "test",
-        ["tests/test_spark_broadcast.py", "tests/test_spark_cluster.py",
-         "tests/test_spark_reliability.py", "tests/test_spark_inputs.py",
-         "tests/test_spark_real_inputs.py", "tests/test_spark_shared_weights.py",
-         "tests/test_spark_daemon.py", "tests/test_spark_ml.py",
-         "tests/test_spark_struct_inputs.py"]),
+        ["tests/test_spark_broadcast.py", "tests/test_spark_inputs.py",
+         "tests/test_spark_real_inputs.py", "tests/test_spark_struct_inputs.py",
+         "tests/test_spark_daemon.py", "tests/test_spark_ml.py"]),
     # tf-keras 2.21 depends on `tensorflow`; this project pins the identical CPU build
     # `tensorflow-cpu`, so tf-keras goes in without dependencies instead of pulling a
     # second TensorFlow over the first.

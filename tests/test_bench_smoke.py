@@ -29,7 +29,7 @@ def _quick_bench(*sections: str, timeout: int) -> str:
     return proc.stdout
 
 
-@pytest.mark.slow  # minutes: it runs the benchmark sections end to end
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
 def test_bench_quick_runs_and_prints_tables():
     out = _quick_bench("payload", "scoring", "memory", "dask", "frontends", timeout=900)
     assert "loads speed-up" in out and "MLP 90MB" in out
@@ -61,7 +61,7 @@ def test_bench_quick_runs_and_prints_tables():
         assert row["weights mapped %"] == ("100.00" if row["mode"] == "shared file" else "0.00"), row
 
 
-@pytest.mark.slow  # minutes: it runs the benchmark sections end to end
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
 def test_bench_inputs_quick_scores_text_png_bytes_and_sequences():
     # 2,000 sentences, 200 PNGs, 400 sequences per length set, one timed run each: ~2 minutes
     out = _quick_bench("inputs", timeout=600)
@@ -82,7 +82,7 @@ def test_bench_inputs_quick_scores_text_png_bytes_and_sequences():
     assert [r["x equal lengths"] for r in lengths[:2]] == ["1.00", "1.00"], lengths
 
 
-@pytest.mark.slow  # minutes: it runs the benchmark sections end to end
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
 def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
     # two fresh workers per model and daemon, a 2-partition transform job: under ~90 s
     out = _quick_bench("coldstart", timeout=400)
@@ -101,6 +101,9 @@ def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
     assert _goal_value(pss["goal"]) == pytest.approx(cut, abs=1), pss
     assert rows["transform job wall (MLP, 2 partitions x 100 rows, collected) s"][daemon]
     assert rows["daemon start to its first fork (once per executor and worker pool), median s"][stock]
+    first_job = next(r for m, r in rows.items() if m.startswith("first job of a new session"))
+    assert float(first_job[stock]) > 0 and float(first_job[daemon]) > 0, first_job
+    assert first_job["goal"].startswith(("met: ", "NOT met: ")), first_job
     assert "preloading daemon: " in out  # the targets
 
 
