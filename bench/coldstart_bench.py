@@ -20,6 +20,10 @@ round, so machine noise hits them alike. In each session:
 3. ``bm.transform(df, "features")`` on the MLP over a cached DataFrame of N partitions,
    collected (``toArrow``): the wall time of a job whose every task starts a worker.
 
+Before all that, each session's very first job: ``transform`` of one row through a tiny
+model, collected: the daemon's start (and preloading), the fork, the imports the daemon
+did not do, the build and one prediction, as the first job on a fresh executor pays them.
+
 Every task checks that its parent is the daemon the session asked for (the preloading
 daemon becomes the stock one when forking would be unsafe, which would void the
 comparison). The predictions of both daemons must be bit-identical (cold-start tasks
@@ -121,6 +125,7 @@ class Measured:
     daemon_start: list[float] = field(default_factory=list)       # per daemon process
     preload_seconds: list[float] = field(default_factory=list)    # from the daemon reports
     load: list[float] = field(default_factory=list)               # host load at session ends
+    first_job: list[float] = field(default_factory=list)          # job seconds, per session
 
 
 def _check_parents(found: list[dict], daemon_module: str, what: str) -> None:
@@ -161,6 +166,25 @@ def cold_starts(spark, model, input_shape: tuple[int, ...], rows: int, tasks: in
     return found
 
 
+def first_job(spark, model) -> float:
+    """Seconds of the session's very first job: ``transform`` of one row through ``model``
+    (its daemon started, the worker forked, Keras imported where the daemon did not, the
+    model built, one prediction), collected."""
+    from pyspark.sql import functions as F
+
+    import spark_keras as sk
+
+    size = model.inputs[0].shape[-1]
+    bm = sk.BroadcastModel(spark, model)
+    df = spark.range(1).select("id", F.array(*[F.lit(0.5)] * size).cast("array<float>").alias("features"))
+    try:
+        started = time.perf_counter()
+        bm.transform(df, "features").select("prediction").collect()
+        return time.perf_counter() - started
+    finally:
+        bm.destroy()
+
+
 def transform_job(spark, model, df, batch_size: int) -> tuple[float, Any]:
     """Seconds for ``bm.transform(df, "features")`` collected, and the (id, prediction) table."""
     import spark_keras as sk
@@ -177,13 +201,15 @@ def transform_job(spark, model, df, batch_size: int) -> tuple[float, Any]:
 
 def measure_session(label: str, models: dict[str, Any], shapes: dict[str, tuple[int, ...]],
                     rows: dict[str, int], tasks: int, work: Any, partitions: int, reports: str,
-                    into: Measured) -> None:
-    """One session of daemon ``label``: warm-up, cold starts of every model, transform."""
+                    into: Measured, tiny: Any) -> None:
+    """One session of daemon ``label``: the first job (through ``tiny``), warm-up, cold
+    starts of every model, transform."""
     from .scoring_bench import check_predictions, expected_predictions, make_frame
 
     module = DAEMONS[label]
     spark = session(module, reports)
     try:
+        into.first_job.append(first_job(spark, tiny))
         started = warm_up(spark)
         _check_parents(started, module, f"{label} warm-up")
         for ppid in {d["ppid"] for d in started}:
@@ -269,7 +295,10 @@ def table_rows(measured: dict[str, Measured], rounds: int, partitions: int, rows
     def total(m: Measured, name: str) -> list[float]:
         return [r["import"] + r["build"] + r["predict"] for r in m.samples[name]]
 
-    out = []
+    out = [row(f"first job of a new session: transform of 1 row, tiny model, collected (daemon "
+               f"start, fork, imports, build, prediction), median of {len(pre.first_job)} s",
+               _median(stock.first_job), _median(pre.first_job),
+               coldstart_goal("first job", _median(pre.first_job), _median(stock.first_job)))]
     for name in stock.samples:
         tasks = len(pre.samples[name])
         a, b = total(stock, name), total(pre, name)
@@ -323,6 +352,7 @@ def run(quick: bool = False) -> list[dict]:
     from .scoring_bench import Workload
 
     models = {"MLP": mlp_model(), "CNN": actor_model()}
+    tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # the first job's
     shapes = {"MLP": (64,), "CNN": (120, 160, 2)}
     rows = {"MLP": 64, "CNN": 8}  # rows predicted by each cold-start task
     rounds, tasks = (1, 2) if quick else (2, 4)
@@ -333,7 +363,7 @@ def run(quick: bool = False) -> list[dict]:
         for _ in range(rounds):
             for label in DAEMONS:
                 measure_session(label, models, shapes, rows, tasks, work, partitions, reports,
-                                measured[label])
+                                measured[label], tiny)
     check_identical(measured, models, rows, shapes)
     keras.backend.clear_session()
     return table_rows(measured, rounds, partitions, per_partition)
