@@ -399,17 +399,21 @@ METHODS = {
 CEILING = "ceiling 1/(1/raw+1/identity)"
 
 
-CALL_SIZES = (1024, 4096, 10_000)  # the model's call sizes tried for the raw rate
+CALL_SIZES = (1024, 4096, 10_000)  # the model's call sizes tried for the raw rate,
+RAW_CALL_BYTES = 64 * 2**20  # those whose inputs fit in this (a CNN's activations do not)
 
 
 def raw_rows_per_second(model, workload, seconds: float = 3.0) -> tuple[float, int]:
     """The model alone, one process, numpy batches, the same compiled call spark_keras
-    uses, at its fastest call size on this machine: ``(rows/s, call size)``, each size
-    timed for ``seconds / len(sizes)``."""
+    uses, at its fastest call size on this machine (the workload's batch size, and those of
+    :data:`CALL_SIZES` whose inputs take at most :data:`RAW_CALL_BYTES`): ``(rows/s, call
+    size)``, each size timed for ``seconds / len(sizes)``."""
     from spark_keras.inference import predictor_for
 
     predictor = predictor_for(model)
-    sizes = sorted({min(size, workload.rows) for size in (workload.batch_size, *CALL_SIZES)})
+    row_bytes = 4 * int(np.prod(workload.input_shape))
+    sizes = sorted({min(size, workload.rows) for size in (workload.batch_size, *CALL_SIZES)
+                    if size == workload.batch_size or size * row_bytes <= RAW_CALL_BYTES})
     rows = min(workload.rows, max(20 * workload.batch_size, 2 * sizes[-1]))
     x = np.random.default_rng(0).random((rows, *workload.input_shape), dtype=np.float32)
     best = (0.0, sizes[0])
