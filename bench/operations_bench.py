@@ -1,10 +1,10 @@
 """`python -m bench.operations_bench [--quick]`: what operating a scoring job costs.
 ``BroadcastModel.transform`` on local[2] with ``on_invalid="null"``, plain against with
-``error_col`` and ``observe`` (a reason per invalid row, and rows / invalid rows / model
-builds / build seconds gathered by ``df.observe``).
+``error_col`` (a reason per invalid row), with ``observe`` (rows / invalid rows / model
+builds / build seconds gathered by ``df.observe``) and with both.
 
 One session; the input (an MLP's 64 features per row, one row in 1,000 null) is cached
-first and the model built in every worker by a warm-up of each mode; then the two modes
+first and the model built in every worker by a warm-up of each mode; then the modes
 run interleaved, best of three timed runs each, written to the ``noop`` sink. The
 observed figures of every run are checked against the input.
 """

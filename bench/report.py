@@ -413,9 +413,10 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
     if "operations" in results:
         blocks["operations"] = start("operations") + [
             "`BroadcastModel.transform` of a 64-256-256-8 MLP on 200,000 rows (one in 1,000 null) "
-            "on local[2] with `on_invalid=\"null\"`: plain against with `error_col` and `observe` "
-            "(an `Observation` of rows, invalid rows, model builds and build seconds); the modes "
-            "interleaved after a warm-up of each, best of 3 runs (noop sink). Target: within 5%.", "",
+            "on local[2] with `on_invalid=\"null\"`: plain against with `error_col`, with `observe` "
+            "(an `Observation` of rows, invalid rows, model builds and build seconds) and with both; "
+            "the modes interleaved after a warm-up of each, best of 3 runs (noop sink). Target: "
+            "within 5%.", "",
             table(results["operations"], floatfmt="{:,.3f}"), ""]
     return blocks
 
