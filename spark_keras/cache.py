@@ -49,9 +49,9 @@ class ModelCache:
         self._lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
         self._builds: dict[str, int] = {}
+        self._build_seconds: dict[str, float] = {}
         self._hits = 0
         self._evictions = 0
-        self._build_seconds = 0.0
 
     def get_or_build(self, key: str, build: Callable[[], tuple]) -> _Entry:
         """The entry for ``key``. On a miss ``build()`` returns ``(value, nbytes)``,
@@ -76,7 +76,7 @@ class ModelCache:
             entry = _Entry(value, nbytes, *(dict(e) for e in extra))
             with self._lock:
                 self._builds[key] = self._builds.get(key, 0) + 1
-                self._build_seconds += seconds
+                self._build_seconds[key] = self._build_seconds.get(key, 0.0) + seconds
                 self._entries[key] = entry
                 self._evict_over_limits(keep=key)
                 self._building.pop(key, None)
@@ -108,6 +108,13 @@ class ModelCache:
 
     def _total_bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
+
+    def builds_of(self, key: str) -> tuple[int, float]:
+        """How many times this process built ``key`` (on any device: ``key@GPU:1``, ...),
+        and the seconds those builds took; counts only grow (eviction and drop keep them)."""
+        with self._lock:
+            keys = [k for k in self._builds if k == key or k.startswith(f"{key}@")]
+            return sum(self._builds[k] for k in keys), sum(self._build_seconds[k] for k in keys)
 
     def drop(self, key: str) -> bool:
         """Forget ``key`` and its builds on other devices (``key@GPU:1``, ...); True if
@@ -143,7 +150,7 @@ class ModelCache:
                 "memory_by_key": {k: dict(e.memory) for k, e in self._entries.items()},
                 "placement_by_key": {k: dict(e.placement) for k, e in self._entries.items()},
                 "bytes": self._total_bytes(),
-                "build_seconds": self._build_seconds,
+                "build_seconds": sum(self._build_seconds.values()),
                 "max_entries": self.max_entries,
                 "max_bytes": self.max_bytes,
             }

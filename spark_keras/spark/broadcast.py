@@ -5,8 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import threading
-import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
@@ -30,17 +28,6 @@ logger = logging.getLogger("spark_keras")
 _released: collections.deque[tuple[str, type[Transport]]] = collections.deque(maxlen=256)
 # In a worker: released keys already dropped here
 _dropped: set[str] = set()
-# In a worker: the builds of each handle's model in this process (on any device), and
-# the seconds they took, as the cache counts them; queries observed by ``transform`` report
-# the ones made while their tasks ran
-_built: dict[str, tuple[int, float]] = {}
-_built_lock = threading.Lock()
-
-
-def builds_here(key: str) -> tuple[int, float]:
-    """How many times this process built the model of the BroadcastModel ``key`` (on any
-    device), and the seconds those builds took."""
-    return _built.get(key, (0, 0.0))
 
 
 class BroadcastModel(ModelHandle):
@@ -166,17 +153,8 @@ class BroadcastModel(ModelHandle):
         self._check_usable()
         placement = resources.task_placement()  # sizes TensorFlow's pools first, once
         key = self._key + placement.key_suffix
-        entry = model_cache.get_or_build(key, lambda: self._timed_build(placement))
+        entry = model_cache.get_or_build(key, lambda: self._build(placement))
         return entry.value, placement
-
-    def _timed_build(self, placement: resources.Placement) -> tuple:
-        started = time.perf_counter()
-        built = self._build(placement)
-        seconds = time.perf_counter() - started
-        with _built_lock:
-            count, total = _built.get(self._key, (0, 0.0))
-            _built[self._key] = (count + 1, total + seconds)
-        return built
 
     def _build(self, placement: resources.Placement | None = None) -> tuple:
         placement = placement or resources.Placement()

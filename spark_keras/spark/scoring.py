@@ -217,9 +217,10 @@ def _figures_type() -> Any:
 
 
 def _builds(handle: ModelHandle) -> tuple[int, float]:
-    from .broadcast import builds_here
+    """This process's builds of ``handle``'s model so far (any device), and their seconds."""
+    from ..cache import model_cache
 
-    return builds_here(handle.key)
+    return model_cache.builds_of(handle.key)
 
 
 def _reasons(scored: Scored) -> pa.Array:
