@@ -172,17 +172,9 @@ def first_job(spark, model) -> float:
     model built, one prediction), collected."""
     from pyspark.sql import functions as F
 
-    import spark_keras as sk
-
     size = model.inputs[0].shape[-1]
-    bm = sk.BroadcastModel(spark, model)
     df = spark.range(1).select("id", F.array(*[F.lit(0.5)] * size).cast("array<float>").alias("features"))
-    try:
-        started = time.perf_counter()
-        bm.transform(df, "features").select("prediction").collect()
-        return time.perf_counter() - started
-    finally:
-        bm.destroy()
+    return transform_job(spark, model, df, batch_size=1)[0]
 
 
 def transform_job(spark, model, df, batch_size: int) -> tuple[float, Any]:
