@@ -4,7 +4,7 @@ Runs the scoring bench's MLP (200,000 rows of ``array<float>``, 10,000-row Arrow
 and CNN on local[2] through ``BroadcastModel.transform`` and ``predict_udf``, samples every
 Python worker with py-spy (``py-spy record --idle --nonblocking --format raw``: Python
 stacks, native time charged to the Python frame that called it) during one timed
-run after a warm-up, and sorts the samples into stages by the frames on their stacks:
+run after a warm-up (the workers idle while py-spy attaches), and sorts the samples into stages by the frames on their stacks:
 
 * ``JVM -> Python read``: PySpark's serializers reading the Arrow stream (including the
   wait for the JVM's next batch);
@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Callable
 
 from . import scoring_bench as sb
@@ -55,6 +56,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
 IDLE = "idle between tasks"
 OTHER = "other"
 BATCH_ROWS = 10_000
+ATTACH_SECONDS = 2.0  # for py-spy to attach to every worker before the timed run
 # a worker between tasks: waiting for its next task, or not yet given one
 _IDLE_MARKERS = ("get_init_message", "manager (daemon.py")
 
@@ -95,7 +97,7 @@ def profile_run(frame_fn: Callable, df, py_spy: str, rate: int, folder: str) -> 
                                        "--format", "raw", "-o", out, "--pid", str(pid)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
-        sb.timed_run(frame_fn, df)  # the recorders attach meanwhile; the first run is not counted
+        time.sleep(ATTACH_SECONDS)  # the recorders attach; every sample then is of this run
         seconds, _ = sb.timed_run(frame_fn, df)
     finally:
         for proc in procs:
