@@ -25,6 +25,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import heap
+
 logger = logging.getLogger("spark_keras")
 
 DEFAULT_MAX_ENTRIES = 4
@@ -78,8 +80,14 @@ class ModelCache:
                 self._builds[key] = self._builds.get(key, 0) + 1
                 self._build_seconds[key] = self._build_seconds.get(key, 0.0) + seconds
                 self._entries[key] = entry
-                self._evict_over_limits(keep=key)
+                evicted = self._evict_over_limits(keep=key)
                 self._building.pop(key, None)
+            # the model, and TensorFlow imported for it, out of every later collection's
+            # way; a model evicted for it is reclaimed first (see spark_keras.heap)
+            if evicted:
+                heap.refreeze()
+            else:
+                heap.freeze()
             logger.info("built model %s in %.2fs (pid %d)%s%s", key, seconds, os.getpid(),
                         " on shared weights" if entry.memory.get("shared") else "",
                         f" on {entry.placement['device']}" if "device" in entry.placement else "")
@@ -93,7 +101,10 @@ class ModelCache:
             self._hits += 1
         return entry
 
-    def _evict_over_limits(self, keep: str | None = None) -> None:
+    def _evict_over_limits(self, keep: str | None = None) -> int:
+        """Evict least recently used entries (never ``keep``, the one just built) until
+        within the limits; how many were evicted."""
+        evicted = 0
         while self._entries and (len(self._entries) > self.max_entries
                                  or self._total_bytes() > self.max_bytes):
             oldest = next(iter(self._entries))
@@ -104,7 +115,9 @@ class ModelCache:
                 continue
             del self._entries[oldest]
             self._evictions += 1
+            evicted += 1
             logger.info("evicted model %s from the cache (pid %d)", oldest, os.getpid())
+        return evicted
 
     def _total_bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
@@ -123,7 +136,9 @@ class ModelCache:
             keys = [k for k in self._entries if k == key or k.startswith(f"{key}@")]
             for k in keys:
                 del self._entries[k]
-            return bool(keys)
+        if keys:
+            heap.refreeze()  # the dropped models' reference cycles are collected
+        return bool(keys)
 
     def configure(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
         with self._lock:
@@ -131,11 +146,16 @@ class ModelCache:
                 self.max_entries = max(1, int(max_entries))
             if max_bytes is not None:
                 self.max_bytes = max(0, int(max_bytes))
-            self._evict_over_limits()
+            evicted = self._evict_over_limits()
+        if evicted:
+            heap.refreeze()
 
     def clear(self) -> None:
         with self._lock:
+            had = bool(self._entries)
             self._entries.clear()
+        if had:
+            heap.refreeze()
 
     def info(self) -> dict[str, Any]:
         with self._lock:

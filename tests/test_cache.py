@@ -120,3 +120,50 @@ def test_unset_environment_gives_the_defaults():
     assert found["limits"]["max_entries"] == DEFAULT_MAX_ENTRIES
     assert found["after_bytes"]["keys"] == ["a", "b", "c"] and found["after_bytes"]["evictions"] == 0
     assert found["after_configure"]["keys"] == ["c"] and found["after_configure"]["evictions"] == 2
+
+
+_FREEZE_PROBE = """
+import gc, json, weakref
+from spark_keras.cache import ModelCache
+
+class Model:  # a reference cycle, as a Keras model has
+    def __init__(self):
+        self.me = self
+
+gc.unfreeze()
+cache = ModelCache(max_entries=1)
+first = weakref.ref(cache.get_or_build("a", lambda: (Model(), 1)).value)
+frozen_after_build = gc.get_freeze_count()
+cache.get_or_build("b", lambda: (Model(), 1))  # evicts "a"
+gc.collect()
+evicted_collected = first() is None
+second = weakref.ref(cache.get_or_build("b", lambda: (Model(), 1)).value)
+cache.drop("b")
+gc.collect()
+print(json.dumps({"frozen": frozen_after_build, "evicted_collected": evicted_collected,
+                  "dropped_collected": second() is None, "tracked": len(gc.get_objects())}))
+"""
+
+
+def _probe_freeze(**env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("SPARK_KERAS_GC_FREEZE", "PYTHON_WORKER_FACTORY_SECRET")}
+    proc = subprocess.run([sys.executable, "-c", _FREEZE_PROBE], env={**clean, **env},
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_build_freezes_the_heap_in_spark_workers_and_when_asked():
+    for env in ({"PYTHON_WORKER_FACTORY_SECRET": "x"}, {"SPARK_KERAS_GC_FREEZE": "1"}):
+        found = _probe_freeze(**env)
+        assert found["frozen"] > 1000, (env, found)
+        # a model that leaves the cache is still reclaimed, though it was frozen
+        assert found["evicted_collected"] and found["dropped_collected"], (env, found)
+
+
+def test_nothing_is_frozen_elsewhere_or_when_turned_off():
+    for env in ({}, {"PYTHON_WORKER_FACTORY_SECRET": "x", "SPARK_KERAS_GC_FREEZE": "0"}):
+        found = _probe_freeze(**env)
+        assert found["frozen"] == 0, (env, found)
+        assert found["evicted_collected"] and found["dropped_collected"], (env, found)

@@ -32,8 +32,8 @@ with ``spark.executorEnv.TF_CPP_MIN_LOG_LEVEL=2`` (conf/spark-defaults.conf), an
 prints no absl or oneDNN start-up lines.
 
 Before forking, the daemon freezes its objects out of the garbage collector's reach
-(``gc.freeze()``): a worker's collections then do not write to, and so copy, the pages it
-shares with the daemon.
+(:mod:`spark_keras.heap`): a worker's collections then neither walk TensorFlow's objects
+nor write to, and so copy, the pages it shares with the daemon.
 
 ``SPARK_KERAS_DAEMON_REPORT=<folder>`` (executor environment) makes each daemon write
 ``daemon-<pid>.json``: what it preloaded, in how long, and what the fork checks found.
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -51,6 +50,8 @@ import sys
 import threading
 import time
 from typing import Any, Iterator
+
+from .. import heap
 
 logger = logging.getLogger("spark_keras")
 
@@ -184,9 +185,7 @@ def main() -> None:
     if not report["refused"]:
         # the preloaded objects move to a generation the collector never visits, so a
         # worker's collections do not touch (and copy) the pages it shares with the daemon
-        gc.collect()
-        gc.freeze()
-        report["gc_frozen_objects"] = gc.get_freeze_count()
+        report["gc_frozen_objects"] = heap.freeze()
     _write_report(report)
     if report["refused"]:
         _stock_daemon(report["refused"])
