@@ -16,6 +16,9 @@ run after a warm-up (the workers idle while py-spy attaches), and sorts the samp
   the handle and the cache;
 * ``pandas <-> Arrow``: PySpark's pandas conversions (``predict_udf``);
 * ``Python -> JVM write``: PySpark's serializers writing the results back;
+* ``gc after each task``: the full garbage collection PySpark's daemon runs when a reused
+  worker ends a task (``gc.collect()`` in ``pyspark/daemon.py``; told from the daemon's
+  wait for the next task by its line);
 * ``other``: everything else; ``idle between tasks`` is left out of the table.
 
 Each stage is shown in milliseconds per 10,000-row batch (samples x sampling interval,
@@ -53,6 +56,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("Python -> JVM write", ("dump_stream",)),
     ("JVM -> Python read", ("load_stream",)),
 ]
+GC_AFTER_TASK = "gc after each task"
 IDLE = "idle between tasks"
 OTHER = "other"
 BATCH_ROWS = 10_000
@@ -61,10 +65,24 @@ ATTACH_SECONDS = 2.0  # for py-spy to attach to every worker before the timed ru
 _IDLE_MARKERS = ("get_init_message", "manager (daemon.py")
 
 
-def stage_of(stack: str) -> str:
+def _daemon_gc_frame() -> str:
+    """py-spy's frame for the ``gc.collect()`` PySpark's daemon runs after each task of
+    a reused worker (``manager (daemon.py:<line>)``)."""
+    import inspect
+
+    import pyspark.daemon
+
+    lines = inspect.getsource(pyspark.daemon).splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.strip() == "gc.collect()")
+    return f"manager (daemon.py:{line})"
+
+
+def stage_of(stack: str, gc_frame: str | None = None) -> str:
     """The stage of one collapsed stack (``frame;frame;...``, root first)."""
     frames = stack.split(";")
     python = [frame for frame in frames if ".py:" in frame]
+    if python and python[-1] == (gc_frame or _daemon_gc_frame()):
+        return GC_AFTER_TASK
     if not python or any(marker in python[-1] for marker in _IDLE_MARKERS) \
             or any("get_init_message" in frame for frame in python):
         return IDLE
@@ -78,11 +96,12 @@ def stage_of(stack: str) -> str:
 def read_raw(path: str) -> collections.Counter:
     """Samples per stage from py-spy's raw (collapsed) output."""
     counts: collections.Counter = collections.Counter()
+    gc_frame = _daemon_gc_frame()
     with open(path) as f:
         for line in f:
             stack, _, n = line.rstrip("\n").rpartition(" ")
             if stack and n.isdigit():
-                counts[stage_of(stack)] += int(n)
+                counts[stage_of(stack, gc_frame)] += int(n)
     return counts
 
 
@@ -134,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     counts, seconds = profile_run(frame_fn, df, args.py_spy, args.rate, folder)
                 busy = sum(n for stage, n in counts.items() if stage != IDLE) or 1
                 ms = {stage: counts[stage] * 1000 / args.rate / batches
-                      for stage in [s for s, _ in STAGES] + [OTHER]}
+                      for stage in [s for s, _ in STAGES] + [GC_AFTER_TASK, OTHER]}
                 rows.append({"workload": workload.name, "method": method.split(".")[-1],
                              "rows/s": workload.rows / seconds,
                              **{f"{stage} ms": value for stage, value in ms.items()},
