@@ -16,7 +16,7 @@
     PipelineModel.load("/models/churn").transform(df)
 
 Scoring is :meth:`BroadcastModel.transform <spark_keras.spark.broadcast.BroadcastModel.transform>`
-(``mapInArrow``): the stage creates its :class:`BroadcastModel` on first use, from the
+(an ``arrow_udf`` over the input columns; ``mapInArrow`` before PySpark 4.1): the stage creates its :class:`BroadcastModel` on first use, from the
 session of the DataFrame it transforms, and reuses it for every later call of the stage
 and of its copies, so each Python worker builds the model once.
 

@@ -279,3 +279,37 @@ def test_a_worker_freezes_its_heap_after_a_build(spark):
     for tracked_before, tracked_after, frozen in found:
         assert tracked_before > 100_000  # TensorFlow and Keras, unfrozen
         assert frozen > tracked_before and tracked_after < 20_000, found
+
+
+def test_transform_sends_only_the_model_inputs_to_python(spark):
+    """On PySpark >= 4.1 transform is an arrow_udf over its input columns: the other
+    columns stay in the JVM (an interval column, which no Arrow batch can carry, is kept
+    as it is) and only the new columns come back from Python."""
+    pytest.importorskip("pyspark.sql.pandas.functions", reason="PySpark < 4.1").arrow_udf
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    model = models.mlp(n_features=4, hidden=8, outputs=1)
+    bm = sk.BroadcastModel(spark, model)
+    features = F.when(F.col("id") == 3, F.lit(None)).otherwise(
+        F.array(*[(F.col("id") / (j + 1)).cast("float") for j in range(4)]))
+    df = spark.range(12, numPartitions=3).select(
+        "id", F.expr("make_interval(0, 0, 0, cast(id as int))").alias("waited"),
+        features.alias("features"))
+    observation = Observation("only-inputs")
+    out = bm.transform(df, "features", on_invalid="null", error_col="error", observe=observation)
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    assert "ArrowEvalPython" in plan and "MapInArrow" not in plan, plan
+    assert out.columns == ["id", "waited", "features", "prediction", "error"]
+    rows = sorted(out.select("*", F.expr("extract(DAY FROM waited)").alias("days"))
+                  .drop("waited").collect(), key=lambda r: r.id)
+    x = np.array([[i / (j + 1) for j in range(4)] for i in range(12)], dtype="float32")
+    expected = np.asarray(model(x)).reshape(-1)
+    for r in rows:
+        assert r.days == r.id  # untouched by Python
+        if r.id == 3:
+            assert r.prediction is None and "null" in r.error
+        else:
+            assert r.error is None
+            np.testing.assert_allclose(r.prediction, expected[r.id], atol=1e-5)
+    assert observation.get["rows"] == 12 and observation.get["invalid_rows"] == 1

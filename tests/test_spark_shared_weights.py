@@ -83,7 +83,7 @@ def test_unpersist_keeps_one_rebuild_per_worker_on_a_fresh_file(cluster, build_l
                                  "id long, f array<float>").repartition(8).cache()
     df.count()
     bm = sk.BroadcastModel(cluster, model)
-    bm.transform(df, "f").count()
+    bm.transform(df, "f").collect()
     old = bm.key
     bm.unpersist(blocking=True)
     for _ in range(3):

@@ -161,7 +161,7 @@ def test_a_file_uri_model_after_unpersist_and_destroy(spark, build_log, tmp_path
     df = spark.createDataFrame([(i, [float(i)] * 4) for i in range(16)], "id long, f array<float>")
     want = np.asarray(model(np.array([[float(i)] * 4 for i in range(16)], "float32")))
     first = bm.key
-    bm.transform(df, "f").count()
+    bm.transform(df, "f").collect()
     bm.unpersist()
     got = bm.transform(df, "f").orderBy("id").toPandas()["prediction"]
     np.testing.assert_array_equal(np.stack(got.to_numpy()), want)

@@ -194,7 +194,12 @@ class BroadcastModel(ModelHandle):
                   profile: Any = None, error_col: str | None = None,
                   observe: Any = None) -> Any:
         """``df`` with every column kept plus ``output_col`` (a struct for multi-output
-        models), computed with ``mapInArrow`` and zero-copy Arrow-to-numpy conversion.
+        models), with zero-copy Arrow-to-numpy conversion. On PySpark >= 4.1 only the input
+        columns travel to Python and only the new columns come back (an ``arrow_udf``:
+        columns Arrow cannot carry, such as intervals, stay in the JVM); with a
+        ``profile``, or before PySpark 4.1, whole rows go through ``mapInArrow``. As with
+        any column, the prediction is computed where an action needs it: ``count()``
+        alone scores nothing (and raises no input error); write or collect the output.
         ``on_invalid`` as in :meth:`predict_udf`. ``profile``: a
         ``pyspark.resource.ResourceProfile`` for the scoring stage alone (PySpark >= 4.0;
         stage-level scheduling: more CPUs, or GPUs, per scoring task); TensorFlow's

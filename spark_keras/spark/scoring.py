@@ -47,27 +47,18 @@ class PredictUDF:
     def __call__(self, *columns: Any) -> Any:
         if not columns:
             raise ModelInputError("predict_udf needs at least one input column")
+        from pyspark.sql.types import StructField
+
         names = [_column_name(c) for c in columns]
-        run = functools.partial(score, self.handle, batch_size=self.batch_size,
-                                on_invalid=self.on_invalid)
-        return _make_udf(names, self.returnType, run)(*columns)
-
-
-def _make_udf(names: list[str], return_type: Any, run: Any):
-    try:
-        from pyspark.sql.pandas.functions import arrow_udf
-    except ImportError:  # PySpark < 4.1: pandas UDF
-        return _make_pandas_udf(names, return_type, run)
-
-    def predict(batches):
-        for batch in batches:
-            arrays = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-            yield to_arrow(run(cols.from_arrow(names, arrays)))
-
-    # arrow_udf reads the UDF kind from type hints (iterator of arrays, or of tuples)
-    item = pa.Array if len(names) == 1 else Tuple[pa.Array, ...]
-    predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pa.Array]}
-    return arrow_udf(predict, return_type)
+        score_batches = functools.partial(_scored_columns, self.handle, names,
+                                          batch_size=self.batch_size, on_invalid=self.on_invalid,
+                                          reasons=False, figures=False)
+        udf = _arrow_udf_of(score_batches, len(names), [StructField("prediction", self.returnType)])
+        if udf is None:  # PySpark < 4.1: a pandas UDF
+            run = functools.partial(score, self.handle, batch_size=self.batch_size,
+                                    on_invalid=self.on_invalid)
+            udf = _make_pandas_udf(names, self.returnType, run)
+        return udf(*columns)
 
 
 def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
@@ -117,12 +108,14 @@ _FIGURES_TYPE = pa.struct(list(METRICS))
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               output_col: str, *, batch_size: int, on_invalid: str = "error",
               profile: Any = None, error_col: str | None = None, observe: Any = None) -> Any:
-    """``df`` plus ``output_col`` scored by ``mapInArrow``, in a stage run with
-    ``profile`` (a ``ResourceProfile``, PySpark >= 4.0) if one is given; plus
-    ``error_col`` (why each invalid row is, null for scored rows) if given, which needs
-    ``on_invalid="null"``; observed as ``observe`` (an ``Observation`` or a name) with
-    :data:`METRICS` if given."""
-    from pyspark.sql.types import StringType, StructField, StructType
+    """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
+    scored rows; it needs ``on_invalid="null"``), observed as ``observe`` (an
+    ``Observation`` or a name) with :data:`METRICS` if given.
+
+    On PySpark >= 4.1 only the input columns go to Python and only the new columns come
+    back (an ``arrow_udf``); with a ``profile`` (a ``ResourceProfile``, PySpark >= 4.0),
+    or on an older PySpark, every row goes through ``mapInArrow``."""
+    from pyspark.sql.types import StringType, StructField
 
     check_on_invalid(on_invalid)
     check_profile(profile)
@@ -138,36 +131,19 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     if error_col is not None:
         _check_error_col(error_col, on_invalid, output_col, df.columns)
         fields.append(StructField(error_col, StringType()))
-    hidden = observe is not None
-    if hidden:
+    if observe is not None:
         if _FIGURES in df.columns:
             raise ModelInputError(f"column {_FIGURES!r} of the DataFrame is the one an "
                                   f"observed transform adds for its figures: rename it")
         fields.append(StructField(_FIGURES, _figures_type()))
-    schema = StructType(df.schema.fields + fields)
-    out_names = [f.name for f in fields]
-    reasons = error_col is not None
-
-    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        seen = _builds(handle) if hidden else None
-        for batch in batches:
-            columns = cols.from_arrow(names, [batch.column(c) for c in names])
-            scored = score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
-                           reasons=reasons)
-            arrays = [to_arrow(scored)]
-            if reasons:
-                arrays.append(_reasons(scored))
-            if hidden:
-                now = _builds(handle)
-                arrays.append(_figures(scored, now[0] - seen[0], now[1] - seen[1]))
-                if len(batch):  # else the builds go with the next batch
-                    seen = now
-            yield pa.RecordBatch.from_arrays([*batch.columns, *arrays],
-                                             names=[*batch.schema.names, *out_names])
-
-    # PySpark 3.5's mapInArrow has no profile parameter
-    scored = df.mapInArrow(predict, schema) if profile is None \
-        else df.mapInArrow(predict, schema, profile=profile)
+    score_batches = functools.partial(_scored_columns, handle, names, batch_size=batch_size,
+                                      on_invalid=on_invalid, reasons=error_col is not None,
+                                      figures=observe is not None)
+    udf = None if profile is not None else _arrow_udf_of(score_batches, len(names), fields)
+    if udf is not None:
+        scored = _with_udf_columns(df, udf, names, fields)
+    else:
+        scored = _with_mapinarrow_columns(df, score_batches, names, fields, profile)
     if observe is None:
         return scored
     from pyspark.sql import functions as F
@@ -175,6 +151,95 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     metrics = [F.coalesce(F.sum(F.col(_FIGURES)[name]), F.lit(0)).alias(name)
                for name, _ in METRICS]
     return scored.observe(observe, *metrics).drop(_FIGURES)
+
+
+def _scored_columns(handle: ModelHandle, names: list[str],
+                    batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
+                    on_invalid: str, reasons: bool, figures: bool) -> Iterator[list[pa.Array]]:
+    """Per batch of input columns (in ``names`` order): the prediction, the reasons
+    (``reasons``) and the hidden figures column (``figures``)."""
+    seen = _builds(handle) if figures else None
+    for arrays in batches:
+        scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
+                       on_invalid=on_invalid, reasons=reasons)
+        out = [to_arrow(scored)]
+        if reasons:
+            out.append(_reasons(scored))
+        if figures:
+            now = _builds(handle)
+            out.append(_figures(scored, now[0] - seen[0], now[1] - seen[1]))
+            if scored.rows:  # else the builds go with the next batch
+                seen = now
+        yield out
+
+
+def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fields: list,
+                             profile: Any) -> Any:
+    """``df`` plus ``fields``, every row through ``mapInArrow`` (in a stage run with
+    ``profile`` if given)."""
+    from pyspark.sql.types import StructType
+
+    schema = StructType(df.schema.fields + fields)
+    out_names = [f.name for f in fields]
+
+    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = iter(batches)
+        held: list[pa.RecordBatch] = []
+
+        def inputs() -> Iterator[list[pa.Array]]:
+            for batch in batches:
+                held.append(batch)
+                yield [batch.column(c) for c in names]
+
+        for arrays in score_batches(inputs()):
+            batch = held.pop(0)
+            yield pa.RecordBatch.from_arrays([*batch.columns, *arrays],
+                                             names=[*batch.schema.names, *out_names])
+
+    # PySpark 3.5's mapInArrow has no profile parameter
+    return df.mapInArrow(predict, schema) if profile is None \
+        else df.mapInArrow(predict, schema, profile=profile)
+
+
+def _arrow_udf_of(score_batches: Any, n_inputs: int, fields: list) -> Any:
+    """An iterator ``arrow_udf`` returning ``fields`` (one column, or a struct of them),
+    or None before PySpark 4.1."""
+    try:
+        from pyspark.sql.pandas.functions import arrow_udf
+    except ImportError:
+        return None
+    from pyspark.sql.types import StructType
+
+    def predict(batches):
+        inputs = (list(b) if isinstance(b, (tuple, list)) else [b] for b in batches)
+        for arrays in score_batches(inputs):
+            if len(fields) == 1:
+                yield arrays[0]
+            else:
+                yield pa.StructArray.from_arrays(arrays, names=[f.name for f in fields])
+
+    item = pa.Array if n_inputs == 1 else Tuple[pa.Array, ...]
+    predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pa.Array]}
+    return arrow_udf(predict, fields[0].dataType if len(fields) == 1 else StructType(fields))
+
+
+# the struct of an arrow_udf's several results, unpacked right after it
+_RESULTS = "__spark_keras_results"
+
+
+def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list) -> Any:
+    """``df`` plus ``fields``, computed by ``udf`` over the ``names`` columns only."""
+    from pyspark.sql import functions as F
+
+    def column(name: str) -> Any:  # a top-level column, whatever its name holds
+        return F.col("`" + name.replace("`", "``") + "`")
+
+    inputs = [column(c) for c in names]
+    if len(fields) == 1:
+        return df.withColumn(fields[0].name, udf(*inputs))
+    results = df.withColumn(_RESULTS, udf(*inputs))
+    return results.select(*[column(c) for c in df.columns],
+                          *[column(_RESULTS)[f.name].alias(f.name) for f in fields])
 
 
 def _check_error_col(error_col: Any, on_invalid: str, output_col: str,
