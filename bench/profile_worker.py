@@ -139,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = sb.session()
     spark.sparkContext.setLogLevel("ERROR")
+    import spark_keras
+
+    workers = spark.sparkContext.parallelize(range(2), 2).map(
+        lambda _: __import__("spark_keras").__file__).collect()
+    print(f"spark_keras imported from {spark_keras.__file__} (driver), {sorted(set(workers))} (workers)")
     rows = []
     try:
         for workload in sb.workloads(args.quick):

@@ -34,12 +34,14 @@ def enabled() -> bool:
     return "PYTHON_WORKER_FACTORY_SECRET" in os.environ
 
 
-def freeze() -> int:
-    """Collect once, then freeze every object the collector tracks; how many are frozen
-    (0 when turned off)."""
+def freeze(collect: bool = True) -> int:
+    """Collect once (unless ``collect`` is False: nothing to collect, as after imports),
+    then freeze every object the collector tracks; how many are frozen (0 when turned
+    off)."""
     if not enabled():
         return 0
-    gc.collect()
+    if collect:
+        gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
 

@@ -185,7 +185,7 @@ def main() -> None:
     if not report["refused"]:
         # the preloaded objects move to a generation the collector never visits, so a
         # worker's collections do not touch (and copy) the pages it shares with the daemon
-        report["gc_frozen_objects"] = heap.freeze()
+        report["gc_frozen_objects"] = heap.freeze(collect=False)  # imports leave no cycles
     _write_report(report)
     if report["refused"]:
         _stock_daemon(report["refused"])

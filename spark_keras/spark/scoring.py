@@ -97,12 +97,11 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
     return struct_or_null
 
 
-# An observed transform adds one hidden struct column, non-null on the first row of each
-# batch only: that batch's figures, summed by ``df.observe`` and dropped after
-_FIGURES = "__spark_keras_figures"
-METRICS = (("rows", pa.int64()), ("invalid_rows", pa.int64()), ("model_builds", pa.int64()),
-           ("build_seconds", pa.float64()))
-_FIGURES_TYPE = pa.struct(list(METRICS))
+# What an observed transform reports. ``rows`` and ``invalid_rows`` (a null prediction)
+# are counted by the JVM; the builds come from the workers in two hidden columns, null but
+# on the first row of each batch, summed by ``df.observe`` and dropped after
+METRICS = ("rows", "invalid_rows", "model_builds", "build_seconds")
+_BUILDS, _BUILD_SECONDS = "__spark_keras_builds", "__spark_keras_build_seconds"
 
 
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
@@ -132,10 +131,12 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         _check_error_col(error_col, on_invalid, output_col, df.columns)
         fields.append(StructField(error_col, StringType()))
     if observe is not None:
-        if _FIGURES in df.columns:
-            raise ModelInputError(f"column {_FIGURES!r} of the DataFrame is the one an "
-                                  f"observed transform adds for its figures: rename it")
-        fields.append(StructField(_FIGURES, _figures_type()))
+        from pyspark.sql.types import DoubleType, LongType
+
+        for hidden in {_BUILDS, _BUILD_SECONDS} & set(df.columns):
+            raise ModelInputError(f"column {hidden!r} of the DataFrame is one an observed "
+                                  f"transform adds for its figures: rename it")
+        fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
     score_batches = functools.partial(_scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
                                       figures=observe is not None)
@@ -148,9 +149,12 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         return scored
     from pyspark.sql import functions as F
 
-    metrics = [F.coalesce(F.sum(F.col(_FIGURES)[name]), F.lit(0)).alias(name)
-               for name, _ in METRICS]
-    return scored.observe(observe, *metrics).drop(_FIGURES)
+    metrics = [F.count(F.lit(1)).alias("rows"),
+               F.count(F.when(F.col("`" + output_col.replace("`", "``") + "`").isNull(), 1))
+               .alias("invalid_rows"),
+               F.coalesce(F.sum(_BUILDS), F.lit(0)).alias("model_builds"),
+               F.coalesce(F.sum(_BUILD_SECONDS), F.lit(0.0)).alias("build_seconds")]
+    return scored.observe(observe, *metrics).drop(_BUILDS, _BUILD_SECONDS)
 
 
 def _scored_columns(handle: ModelHandle, names: list[str],
@@ -167,7 +171,7 @@ def _scored_columns(handle: ModelHandle, names: list[str],
             out.append(_reasons(scored))
         if figures:
             now = _builds(handle)
-            out.append(_figures(scored, now[0] - seen[0], now[1] - seen[1]))
+            out += _builds_columns(scored.rows, now[0] - seen[0], now[1] - seen[1])
             if scored.rows:  # else the builds go with the next batch
                 seen = now
         yield out
@@ -274,13 +278,6 @@ def _check_observe(observe: Any) -> None:
                                 f"name (streaming queries), not {observe!r}")
 
 
-def _figures_type() -> Any:
-    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
-
-    return StructType([StructField(name, LongType() if t == pa.int64() else DoubleType())
-                       for name, t in METRICS])
-
-
 def _builds(handle: ModelHandle) -> tuple[int, float]:
     """This process's builds of ``handle``'s model so far (any device), and their seconds."""
     from ..cache import model_cache
@@ -295,22 +292,14 @@ def _reasons(scored: Scored) -> pa.Array:
     return pa.array(scored.reasons, type=pa.string())
 
 
-def _figures(scored: Scored, builds: int, seconds: float) -> pa.StructArray:
-    """The hidden column of one batch: null but on its first row, which holds the
-    batch's rows, its invalid rows, and the model builds this process made (and their
-    seconds) while scoring it (and any empty batch before it)."""
-    n = scored.rows
-    invalid = 0 if scored.invalid is None else int(scored.invalid.sum())
-    children = []
-    for value, (_, t) in zip((n, invalid, builds, seconds), METRICS):
-        column = np.zeros(n, dtype=np.int64 if t == pa.int64() else np.float64)
-        if n:
-            column[0] = value
-        children.append(pa.array(column))
-    nulls = np.ones(n, dtype=bool)
-    nulls[:1] = False
-    return pa.StructArray.from_arrays(children, fields=list(_FIGURES_TYPE),
-                                      mask=pa.array(nulls))
+def _builds_columns(rows: int, builds: int, seconds: float) -> list[pa.Array]:
+    """The hidden columns of one batch: null but on its first row, which holds the model
+    builds this process made (and their seconds) while scoring it (and any empty batch
+    before it)."""
+    valid = np.zeros(rows, dtype=bool)
+    valid[:1] = True
+    return [pa.array(np.full(rows, value, dtype=dtype), mask=~valid)
+            for value, dtype in ((builds, np.int64), (seconds, np.float64))]
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
