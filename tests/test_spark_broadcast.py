@@ -278,7 +278,7 @@ def test_a_worker_freezes_its_heap_after_a_build(spark):
     found = spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
     for tracked_before, tracked_after, frozen in found:
         assert tracked_before > 100_000  # TensorFlow and Keras, unfrozen
-        assert frozen > tracked_before and tracked_after < 20_000, found
+        assert frozen > 100_000 and tracked_after < 20_000, found
 
 
 def test_transform_sends_only_the_model_inputs_to_python(spark):
