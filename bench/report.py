@@ -322,7 +322,8 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
             "forking), each in its own `local[2]` session (the daemon module is fixed per "
             "SparkContext) with the settings of `conf/spark-defaults.conf` (one TensorFlow "
             "and OpenMP thread per worker); the two alternate, one session each per round, "
-            "and every session first runs a warm-up job (RDD and SQL) of trivial tasks to "
+            "taking turns at going first, after a throwaway session that warms the driver's "
+            "JVM; every session first measures its first job, then runs a warm-up job (RDD and SQL) of trivial tasks to "
             "start its daemons.", "",
             "Cold start, per task in a fresh worker, for the MLP and the CNN of the scoring "
             "section: `time.perf_counter()` from the task function's first line through "
