@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import shutil
 import signal
@@ -65,6 +66,7 @@ ATTACH_SECONDS = 2.0  # for py-spy to attach to every worker before the timed ru
 _IDLE_MARKERS = ("get_init_message", "manager (daemon.py")
 
 
+@functools.cache
 def _daemon_gc_frame() -> str:
     """py-spy's frame for the ``gc.collect()`` PySpark's daemon runs after each task of
     a reused worker (``manager (daemon.py:<line>)``)."""
@@ -77,11 +79,11 @@ def _daemon_gc_frame() -> str:
     return f"manager (daemon.py:{line})"
 
 
-def stage_of(stack: str, gc_frame: str | None = None) -> str:
+def stage_of(stack: str) -> str:
     """The stage of one collapsed stack (``frame;frame;...``, root first)."""
     frames = stack.split(";")
     python = [frame for frame in frames if ".py:" in frame]
-    if python and python[-1] == (gc_frame or _daemon_gc_frame()):
+    if python and python[-1] == _daemon_gc_frame():
         return GC_AFTER_TASK
     if not python or any(marker in python[-1] for marker in _IDLE_MARKERS) \
             or any("get_init_message" in frame for frame in python):
@@ -96,12 +98,11 @@ def stage_of(stack: str, gc_frame: str | None = None) -> str:
 def read_raw(path: str) -> collections.Counter:
     """Samples per stage from py-spy's raw (collapsed) output."""
     counts: collections.Counter = collections.Counter()
-    gc_frame = _daemon_gc_frame()
     with open(path) as f:
         for line in f:
             stack, _, n = line.rstrip("\n").rpartition(" ")
             if stack and n.isdigit():
-                counts[stage_of(stack, gc_frame)] += int(n)
+                counts[stage_of(stack)] += int(n)
     return counts
 
 

@@ -126,14 +126,14 @@ class ModelCache:
         """How many times this process built ``key`` (on any device: ``key@GPU:1``, ...),
         and the seconds those builds took; counts only grow (eviction and drop keep them)."""
         with self._lock:
-            keys = [k for k in self._builds if k == key or k.startswith(f"{key}@")]
+            keys = _device_keys(self._builds, key)
             return sum(self._builds[k] for k in keys), sum(self._build_seconds[k] for k in keys)
 
     def drop(self, key: str) -> bool:
         """Forget ``key`` and its builds on other devices (``key@GPU:1``, ...); True if
         any was cached."""
         with self._lock:
-            keys = [k for k in self._entries if k == key or k.startswith(f"{key}@")]
+            keys = _device_keys(self._entries, key)
             for k in keys:
                 del self._entries[k]
         if keys:
@@ -174,6 +174,11 @@ class ModelCache:
                 "max_entries": self.max_entries,
                 "max_bytes": self.max_bytes,
             }
+
+
+def _device_keys(keys: Any, key: str) -> list[str]:
+    """``key`` and its builds on other devices (``key@GPU:1``, ...) among ``keys``."""
+    return [k for k in keys if k == key or k.startswith(f"{key}@")]
 
 
 def _log_build(key: str, seconds: float, nbytes: int, memory: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ as an Arrow column, a pandas column or one value per row."""
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
 import numpy as np
@@ -149,11 +150,9 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         return scored
     from pyspark.sql import functions as F
 
-    metrics = [F.count(F.lit(1)).alias("rows"),
-               F.count(F.when(F.col("`" + output_col.replace("`", "``") + "`").isNull(), 1))
-               .alias("invalid_rows"),
-               F.coalesce(F.sum(_BUILDS), F.lit(0)).alias("model_builds"),
-               F.coalesce(F.sum(_BUILD_SECONDS), F.lit(0.0)).alias("build_seconds")]
+    values = (F.count(F.lit(1)), F.count(F.when(_column(output_col).isNull(), 1)),
+              F.coalesce(F.sum(_BUILDS), F.lit(0)), F.coalesce(F.sum(_BUILD_SECONDS), F.lit(0.0)))
+    metrics = [value.alias(name) for name, value in zip(METRICS, values)]
     return scored.observe(observe, *metrics).drop(_BUILDS, _BUILD_SECONDS)
 
 
@@ -187,16 +186,9 @@ def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fiel
     out_names = [f.name for f in fields]
 
     def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        batches = iter(batches)
-        held: list[pa.RecordBatch] = []
-
-        def inputs() -> Iterator[list[pa.Array]]:
-            for batch in batches:
-                held.append(batch)
-                yield [batch.column(c) for c in names]
-
-        for arrays in score_batches(inputs()):
-            batch = held.pop(0)
+        batches, to_score = itertools.tee(batches)  # one batch in, its results out
+        scored = score_batches([batch.column(c) for c in names] for batch in to_score)
+        for batch, arrays in zip(batches, scored):
             yield pa.RecordBatch.from_arrays([*batch.columns, *arrays],
                                              names=[*batch.schema.names, *out_names])
 
@@ -233,17 +225,19 @@ _RESULTS = "__spark_keras_results"
 
 def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list) -> Any:
     """``df`` plus ``fields``, computed by ``udf`` over the ``names`` columns only."""
-    from pyspark.sql import functions as F
-
-    def column(name: str) -> Any:  # a top-level column, whatever its name holds
-        return F.col("`" + name.replace("`", "``") + "`")
-
-    inputs = [column(c) for c in names]
+    inputs = [_column(c) for c in names]
     if len(fields) == 1:
         return df.withColumn(fields[0].name, udf(*inputs))
     results = df.withColumn(_RESULTS, udf(*inputs))
-    return results.select(*[column(c) for c in df.columns],
-                          *[column(_RESULTS)[f.name].alias(f.name) for f in fields])
+    return results.select(*[_column(c) for c in df.columns],
+                          *[_column(_RESULTS)[f.name].alias(f.name) for f in fields])
+
+
+def _column(name: str) -> Any:
+    """The top-level column ``name``, whatever its name holds (dots, backticks)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def _check_error_col(error_col: Any, on_invalid: str, output_col: str,
