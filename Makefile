@@ -18,9 +18,10 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	@# the base install has no PySpark and no TensorFlow: the extras bring a full environment
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dask,spark,connect,tensorflow-cpu]'
-	@# keras-hub needs tensorflow-text, which requires `tensorflow` (a second TensorFlow beside
-	@# tensorflow-cpu): both without dependencies; keras-hub's others are in the test extra
-	$(PY) -m pip install --quiet -c constraints.txt --no-deps keras-hub tensorflow-text
+	@# keras-hub needs tensorflow-text, and tf-keras (the legacy Keras the tf-keras leg of
+	@# test-compat runs with TF_USE_LEGACY_KERAS=1) `tensorflow`: a second TensorFlow beside
+	@# tensorflow-cpu, so all three without dependencies; keras-hub's others are in the test extra
+	$(PY) -m pip install --quiet -c constraints.txt --no-deps keras-hub tensorflow-text tf-keras
 	@touch $(STAMP)
 
 check-java:
@@ -39,10 +40,11 @@ test-slow: check-java $(STAMP)
 test-bench: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m bench $(PYTEST_ARGS)
 
-# Compatibility legs, each in its own venv (.venv-spark35, .venv-tfkeras), reported as a
-# matrix: PySpark 3.5 + Keras 3 (the Spark suite), PySpark 4.3 + tf-keras (TF_USE_LEGACY_KERAS=1).
+# Compatibility legs, reported as a matrix: PySpark 3.5 + Keras 3 (the Spark suite, in its
+# own venv, .venv-spark35), PySpark 4.3 + tf-keras (this venv, which has tf-keras installed,
+# with TF_USE_LEGACY_KERAS=1).
 # One leg: make test-compat COMPAT_ARGS=spark43-tfkeras
-test-compat: check-java
+test-compat: check-java $(STAMP)
 	$(PYTHON) compat/matrix.py $(COMPAT_ARGS)
 
 demo: check-java $(STAMP)
@@ -51,11 +53,9 @@ demo: check-java $(STAMP)
 bench: check-java $(STAMP)
 	$(PY) -m bench --write $(BENCH_ARGS)
 
-# The payload rebuild benchmark under legacy tf-keras (in .venv-tfkeras), written to
-# docs/benchmarks-tf-keras.md.
-bench-tf-keras: check-java
-	$(PYTHON) compat/matrix.py --setup-only spark43-tfkeras
-	TF_USE_LEGACY_KERAS=1 .venv-tfkeras/bin/python -m bench --only payload --write $(BENCH_ARGS)
+# The payload rebuild benchmark under legacy tf-keras, written to docs/benchmarks-tf-keras.md.
+bench-tf-keras: check-java $(STAMP)
+	TF_USE_LEGACY_KERAS=1 $(PY) -m bench --only payload --write $(BENCH_ARGS)
 
 # Coverage-guided fuzzing of the payload reader (atheris); FUZZ_SECONDS=300 by default.
 fuzz: $(STAMP)

@@ -5,10 +5,12 @@ Legs (see README, "Support matrix"):
 * ``spark35-keras3``: PySpark 3.5.x with Keras 3, running the Spark test suite;
 * ``spark43-tfkeras``: PySpark 4.3 with legacy tf-keras 2.x (``TF_USE_LEGACY_KERAS=1``),
   running the tf-keras tests (payload, pickling, broadcast and inference helpers,
-  the seed 001 story on local-cluster, spawn).
+  the seed 001 story on local-cluster, spawn). Its versions are the main venv's, which
+  ``make venv`` builds with tf-keras installed: the leg runs there (no second venv).
 
-Every leg installs the package with the pins of ``constraints.txt``, except the pins the
-leg replaces. Venvs are reused while ``setup.cfg``/``constraints.txt`` are unchanged.
+Every other leg installs the package in its own venv with the pins of
+``constraints.txt``, except the pins the leg replaces. Venvs are reused while
+``setup.cfg``/``constraints.txt`` are unchanged.
 Usage: ``python compat/matrix.py [--setup-only] [leg ...] [pytest options]`` (a later
 ``-m`` replaces the default ``-m "not slow"``); exits
 non-zero if any leg fails (a leg whose tests were all skipped, or that ran no test,
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN_VENV = ".venv"  # built by `make venv`, not here
 
 
 @dataclass
@@ -48,12 +51,10 @@ LEGS = [
         ["tests/test_spark_broadcast.py", "tests/test_spark_inputs.py",
          "tests/test_spark_real_inputs.py", "tests/test_spark_struct_inputs.py",
          "tests/test_spark_daemon.py", "tests/test_spark_ml.py"]),
-    # tf-keras 2.21 depends on `tensorflow`; this project pins the identical CPU build
-    # `tensorflow-cpu`, so tf-keras goes in without dependencies instead of pulling a
-    # second TensorFlow over the first.
-    Leg("spark43-tfkeras", ".venv-tfkeras", {}, "test",
-        ["tests/test_tf_keras.py", "tests/test_quiet.py"],
-        env={"TF_USE_LEGACY_KERAS": "1"}, no_deps=["tf-keras==2.21.0"]),
+    # the main venv (PySpark 4.3): `make venv` installs tf-keras there, without
+    # dependencies (it depends on `tensorflow`; this project pins the identical CPU build)
+    Leg("spark43-tfkeras", MAIN_VENV, {}, "test",
+        ["tests/test_tf_keras.py", "tests/test_quiet.py"], env={"TF_USE_LEGACY_KERAS": "1"}),
 ]
 
 
@@ -76,6 +77,10 @@ def _constraints(leg: Leg) -> str:
 def ensure_venv(leg: Leg) -> str:
     venv = os.path.join(ROOT, leg.venv)
     python = os.path.join(venv, "bin", "python")
+    if leg.venv == MAIN_VENV:
+        if not os.path.exists(python):
+            raise SystemExit(f"leg {leg.name} runs in {venv}: build it first (make venv)")
+        return python
     stamp = os.path.join(venv, ".installed")
     constraints_text = _constraints(leg)
     setup_cfg = _read(os.path.join(ROOT, "setup.cfg"))
