@@ -107,6 +107,23 @@ def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
     assert "preloading daemon: " in out  # the targets
 
 
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
+def test_bench_operations_quick_measures_every_mode_against_plain_for_both_models():
+    """Each model's five modes, the A/A row among them; each observed run's figures were
+    checked against the input by the bench itself (it would have failed)."""
+    from bench import operations_bench
+
+    out = _quick_bench("operations", timeout=600)
+    rows = _printed_table(out, "x plain, median of rounds")
+    models = [f"MLP 64-{w}-{w}-8" for w, _ in operations_bench.MODELS]
+    assert [(r["model"], r["transform (on_invalid='null')"]) for r in rows] == [
+        (m, mode) for m in models for mode in operations_bench.MODES]
+    for row in rows:
+        assert float(row["rows/s"].replace(",", "")) > 0, row
+        if row["transform (on_invalid='null')"] == "plain":
+            assert row["x plain"] == row["x plain, median of rounds"] == "1.000", row
+
+
 def test_a_partial_write_keeps_the_other_sections(tmp_path):
     # a file from before sections recorded their runs: the header names the run
     (tmp_path / "benchmarks.md").write_text(
