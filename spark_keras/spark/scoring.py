@@ -103,6 +103,7 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
 # on the first row of each batch, summed by ``df.observe`` and dropped after
 METRICS = ("rows", "invalid_rows", "model_builds", "build_seconds")
 _BUILDS, _BUILD_SECONDS = "__spark_keras_builds", "__spark_keras_build_seconds"
+_HIDDEN = (_BUILDS, _BUILD_SECONDS)
 
 
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
@@ -134,7 +135,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     if observe is not None:
         from pyspark.sql.types import DoubleType, LongType
 
-        for hidden in {_BUILDS, _BUILD_SECONDS} & set(df.columns):
+        for hidden in set(_HIDDEN) & set(df.columns):
             raise ModelInputError(f"column {hidden!r} of the DataFrame is one an observed "
                                   f"transform adds for its figures: rename it")
         fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
@@ -147,7 +148,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     scored = _with_mapinarrow_columns(df, score_batches, names, fields, profile)
     if observe is None:
         return scored
-    return scored.observe(observe, *_metrics(_column, output_col)).drop(_BUILDS, _BUILD_SECONDS)
+    return scored.observe(observe, *_metrics(_column, output_col)).drop(*_HIDDEN)
 
 
 def _metrics(column: Any, output_col: str) -> list:
@@ -234,17 +235,16 @@ def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list, observe
 
     The observation sits right over the udf's struct of results, so the one projection
     that unpacks it also drops the hidden columns (observing the unpacked columns would
-    cost a second projection, copying every row, ~8% of a fast model's throughput)."""
+    need a second projection after it to drop them, copying every row again)."""
     inputs = [_column(c) for c in names]
     if len(fields) == 1:
         return df.withColumn(fields[0].name, udf(*inputs))
     results = df.withColumn(_RESULTS, udf(*inputs))
     if observe is not None:
         results = results.observe(observe, *_metrics(_column(_RESULTS).getField, fields[0].name))
-    hidden = {_BUILDS, _BUILD_SECONDS} if observe is not None else set()
     return results.select(*[_column(c) for c in df.columns],
                           *[_column(_RESULTS)[f.name].alias(f.name)
-                            for f in fields if f.name not in hidden])
+                            for f in fields if f.name not in _HIDDEN])
 
 
 def _column(name: str) -> Any:
