@@ -45,7 +45,7 @@ test-bench: check-java $(STAMP)
 # with TF_USE_LEGACY_KERAS=1).
 # One leg: make test-compat COMPAT_ARGS=spark43-tfkeras
 test-compat: check-java $(STAMP)
-	$(PYTHON) compat/matrix.py $(COMPAT_ARGS)
+	MAIN_VENV=$(VENV) $(PYTHON) compat/matrix.py $(COMPAT_ARGS)
 
 demo: check-java $(STAMP)
 	$(PY) jobs/demo.py

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAIN_VENV = ".venv"  # built by `make venv`, not here
+MAIN_VENV = os.environ.get("MAIN_VENV", ".venv")  # built by `make venv` (its VENV), not here
 
 
 @dataclass
