@@ -99,12 +99,16 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     all_bad = [None, [1.0, 2.0], list(range(7)), [], nan_row, [1.0, None, 2.0, 3.0, 4.0, 5.0]]
     write_features(source / "part-b.parquet", range(1000, 1006), all_bad)
     out = folder / "holes-scored.parquet"
+    job_tmp = folder / "holes-tmp"  # the job's temporary folders (its build log)
+    job_tmp.mkdir()
     proc = submit("--model", str(folder / "model.keras"), "--input", str(source),
-                  "--output", str(out), "--features", "features", "--on-invalid", "null")
+                  "--output", str(out), "--features", "features", "--on-invalid", "null",
+                  TMPDIR=str(job_tmp))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows, builds = summary(proc)
     assert rows == 48
-    assert_one_build_per_worker(builds)
+    assert_one_build_per_worker(builds)  # read from the build log the job made...
+    assert [p.name for p in job_tmp.glob("spark_keras_builds_*")] == []  # ...and removed
     scored = pd.read_parquet(out).sort_values("id")
     assert scored["id"].tolist() == list(range(42)) + list(range(1000, 1006))
     invalid = scored["id"].isin([20, 21]) | (scored["id"] >= 1000)
@@ -188,14 +192,18 @@ def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(fil
     out = folder / "connect-scored"
     out.mkdir()
     pd.DataFrame({"stale": [7, 8, 9]}).to_parquet(out / "part-old.parquet", index=False)
+    job_tmp = folder / "connect-tmp"  # the job's temporary folders (its build log)
+    job_tmp.mkdir()
     before = set(os.listdir(folder))
     proc = run_score_job("--remote", "local[2]", "--model", "model.skp", "--input", "in.parquet",
                          "--output", "connect-scored", "--features", "features",
-                         "--batch-size", "64", "--overwrite", cwd=folder)
+                         "--batch-size", "64", "--overwrite", cwd=folder,
+                         TMPDIR=str(job_tmp))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     rows, builds = summary(proc)
     assert rows == 250
-    assert_one_build_per_worker(builds)
+    assert_one_build_per_worker(builds)  # read from the build log the job made...
+    assert [p.name for p in job_tmp.glob("spark_keras_builds_*")] == []  # ...and removed
     assert set(os.listdir(folder)) == before  # no staging folder left
     assert not (out / "part-old.parquet").exists()
     scored = pd.read_parquet(out).sort_values("id")  # only the new data

@@ -42,14 +42,16 @@ to that same folder), else ``{}``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from spark_keras._deps import require
 from spark_keras.errors import MissingDependencyError
@@ -98,7 +100,7 @@ class JobError(Exception):
 DAEMON_MODULE = "spark_keras.spark.daemon"
 
 
-def _session(master: str | None):
+def _session(master: str | None, build_log: str | None):
     require("pyspark", "the score job")
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -119,8 +121,7 @@ def _session(master: str | None):
         # executors log TensorFlow's native lines as the driver does
         builder = builder.config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL",
                                  os.environ.get(LOG_LEVEL_ENV, "2"))
-    if not os.environ.get("SPARK_KERAS_BUILD_LOG"):
-        build_log = tempfile.mkdtemp(prefix="spark_keras_builds_")
+    if build_log is not None and conf.get("spark.executorEnv.SPARK_KERAS_BUILD_LOG", None) is None:
         builder = builder.config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
     return builder.getOrCreate()
 
@@ -130,7 +131,7 @@ def _is_local(remote: str) -> bool:
     return remote.startswith("local")
 
 
-def _connect_session(remote: str):
+def _connect_session(remote: str, build_log: str | None):
     """A Spark Connect session. Connect ignores ``spark.executorEnv.*``: a local server's
     Python workers get the environment this process has when the server starts."""
     require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
@@ -138,8 +139,8 @@ def _connect_session(remote: str):
 
     if _is_local(remote):
         os.environ.setdefault("TF_USE_LEGACY_KERAS", "0")  # the driver's Keras flavour
-        if not os.environ.get("SPARK_KERAS_BUILD_LOG"):
-            os.environ["SPARK_KERAS_BUILD_LOG"] = tempfile.mkdtemp(prefix="spark_keras_builds_")
+        if build_log is not None:  # until the job ends (run)
+            os.environ["SPARK_KERAS_BUILD_LOG"] = build_log
     builder = SparkSession.builder.remote(remote).appName(APP_NAME)
     if _is_local(remote):  # a server started here takes our settings; a remote one has its own
         builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
@@ -284,9 +285,26 @@ def _write_metrics(path: str, summary: dict) -> None:
         raise JobError(f"cannot write --metrics-json {path!r}: {exc}") from exc
 
 
-def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
-    """The session and its path operations, paths checked. On Connect the checks run on
-    the client first, so a bad path fails before a server is started or reached."""
+@contextlib.contextmanager
+def _job_build_log() -> Iterator[str | None]:
+    """A build log folder for this job's workers, removed when the job ends; None when
+    ``$SPARK_KERAS_BUILD_LOG`` names one already (kept)."""
+    if os.environ.get("SPARK_KERAS_BUILD_LOG"):
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="spark_keras_builds_")
+    try:
+        yield folder
+    finally:
+        if os.environ.get("SPARK_KERAS_BUILD_LOG") == folder:  # set for a local Connect server
+            del os.environ["SPARK_KERAS_BUILD_LOG"]
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _open(args: argparse.Namespace, build_log: str | None) -> tuple[Any, Paths]:
+    """The session (its workers logging builds in ``build_log`` if given) and its path
+    operations, paths checked. On Connect the checks run on the client first, so a bad
+    path fails before a server is started or reached."""
     _check_options(args)
     if args.remote:
         if args.master:
@@ -294,8 +312,8 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
                            f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
         paths = ArrowPaths()
         _check_paths(paths, args)
-        return _connect_session(args.remote), paths
-    spark = _session(args.master)
+        return _connect_session(args.remote, build_log), paths
+    spark = _session(args.master, build_log)
     try:
         paths = HadoopPaths(spark)
         _check_paths(paths, args)
@@ -344,13 +362,20 @@ def _builds_per_worker(folder: str | None) -> dict:
 def run(args: argparse.Namespace) -> dict:
     """Score ``args.input`` into ``args.output``; a summary (rows, invalid rows, seconds,
     rows/s, model builds for this job and their seconds, builds per worker in the build
-    log), also written to ``--metrics-json``. Raises :class:`JobError` for a reason to stop printed as one line."""
+    log), also written to ``--metrics-json``. Raises :class:`JobError` for a reason to stop
+    printed as one line. The build log folder the job makes for its workers is removed
+    when it ends."""
+    os.environ.setdefault(LOG_LEVEL_ENV, "2")  # TensorFlow's INFO and WARNING lines: off
+    with _job_build_log() as build_log:
+        return _run(args, build_log)
+
+
+def _run(args: argparse.Namespace, build_log: str | None) -> dict:
     import spark_keras as sk
     from spark_keras import flavour
     from spark_keras.quiet import quiet_tensorflow_startup
 
-    os.environ.setdefault(LOG_LEVEL_ENV, "2")  # TensorFlow's INFO and WARNING lines: off
-    spark, paths = _open(args)
+    spark, paths = _open(args, build_log)
     try:
         df = _read(spark, paths, args.input, args.format)
         features = [c.strip() for c in args.features.split(",") if c.strip()]
