@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -181,10 +182,27 @@ def s3():
         yield server
 
 
+@contextlib.contextmanager
+def local_connect_server():
+    """Held while a local Spark Connect server of this test run lives. Local servers all
+    listen on port 15002, so pytest runs side by side (.ci/run runs ``make test`` beside
+    ``make test-slow``) take turns: a client must never reach another run's server."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "spark-keras-tests-connect.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def run_score_job(*args: str, cwd=None, timeout: int = 300, **env: str):
     """``python jobs/score.py ARGS`` (no spark-submit: how a Spark Connect client runs it)
     in this process's environment, less any SPARK_REMOTE / SPARK_KERAS_BUILD_LOG, plus
-    ``env``."""
+    ``env``; with a local Connect server (``--remote local...`` or ``SPARK_REMOTE``) while
+    no other test run has one."""
     import subprocess
 
     inherited = {k: v for k, v in os.environ.items()
@@ -192,7 +210,13 @@ def run_score_job(*args: str, cwd=None, timeout: int = 300, **env: str):
     env = dict(inherited, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                TF_CPP_MIN_LOG_LEVEL="2", **env)
     cmd = [sys.executable, os.path.join(REPO_ROOT, "jobs", "score.py"), *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    remote = env.get("SPARK_REMOTE", "")
+    if "--remote" in args:
+        remote = args[args.index("--remote") + 1]
+    turn = local_connect_server() if remote.startswith("local") else contextlib.nullcontext()
+    with turn:
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +230,7 @@ def connect():
     active = SparkSession.getActiveSession()
     if active is not None:
         active.stop()
-    session = SparkSession.builder.remote("local[2]").getOrCreate()
-    yield session
-    session.stop()
+    with local_connect_server():
+        session = SparkSession.builder.remote("local[2]").getOrCreate()
+        yield session
+        session.stop()
