@@ -420,7 +420,8 @@ def _sections(results: dict, docs: str) -> dict[str, list[str]]:
             "The modes interleaved after a warm-up of each, 7 rounds (noop sink): the best runs' "
             "ratio and the median over the rounds of each run against the same round's plain run. "
             "\"plain again\" measures the plain transform twice: the spread of identical work on "
-            "this machine. Target: within 5%.", "",
+            "this machine. The last row observes the plain transform's output with "
+            "`df.observe` alone (rows, null predictions; no build figures). Target: within 5%.", "",
             table(results["operations"], floatfmt="{:,.3f}"), ""]
     return blocks
 
