@@ -27,9 +27,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 FEATURES = 64
 INVALID_EVERY = 1_000  # one null row in so many
 # "plain again" is the plain transform measured a second time: how far two runs of the
-# same work differ on this machine (the noise floor the other ratios sit in); "rows only"
-# observes the plain transform's output with df.observe itself (rows, null predictions):
-# what observe costs without the build figures, which ride in hidden columns
+# same work differ on this machine (the noise floor the other ratios sit in); ROWS_ONLY
+# observes the plain transform's output with df.observe itself, transform's own two
+# aggregates (rows, null predictions): what observe costs without the build figures,
+# which ride in hidden columns
 ROWS_ONLY = "df.observe(rows, invalid_rows)"
 MODES = ("plain", "plain again", "error_col", "observe", "error_col + observe", ROWS_ONLY)
 # (hidden width, rows): the bench's fast MLP (~350k rows/s here: the worst case for a fixed
@@ -60,6 +61,8 @@ def _score(bm, df, mode: str, rows: int) -> float:
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
+    from spark_keras.spark.scoring import _metrics
+
     observation = Observation("operations") if "observe" in mode else None
     extra = {"error_col": "error"} if "error_col" in mode else {}
     if observation is not None and mode != ROWS_ONLY:
@@ -67,8 +70,8 @@ def _score(bm, df, mode: str, rows: int) -> float:
     started = time.perf_counter()
     scored = bm.transform(df, "features", on_invalid="null", **extra)
     if mode == ROWS_ONLY:
-        scored = scored.observe(observation, F.count(F.lit(1)).alias("rows"), F.count(
-            F.when(F.col("prediction").isNull(), 1)).alias("invalid_rows"))
+        rows_and_invalid = _metrics(F.col, "prediction")[:2]
+        scored = scored.observe(observation, *rows_and_invalid)
     scored.write.format("noop").mode("overwrite").save()
     seconds = time.perf_counter() - started
     if observation is not None:

@@ -109,8 +109,9 @@ def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
 
 @pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
 def test_bench_operations_quick_measures_every_mode_against_plain_for_both_models():
-    """Each model's five modes, the A/A row among them; each observed run's figures were
-    checked against the input by the bench itself (it would have failed)."""
+    """Each model's modes, the A/A row and df.observe alone among them; each observed
+    run's figures were checked against the input by the bench itself (it would have
+    failed)."""
     from bench import operations_bench
 
     out = _quick_bench("operations", timeout=600)
