@@ -17,7 +17,6 @@ Three ways in, from simplest to fastest:
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from typing import Any, Mapping, Sequence
@@ -154,7 +153,7 @@ class _ModelPlugin(WorkerPlugin):
     worker of the host builds on weights mapped from it (one copy per host); a worker
     then lets go of its own copy of the payload bytes, so it needs the file to build
     again (after a cache eviction). The file therefore stays while any worker of the
-    host holds the plugin (see :func:`_join_host_file`): it goes with the last of them,
+    host holds the plugin (see :func:`.host_file.join`): it goes with the last of them,
     when the plugin is released or the workers close."""
 
     def __init__(self, key: str, shipment: Shipment) -> None:
@@ -169,7 +168,7 @@ class _ModelPlugin(WorkerPlugin):
         scratch = os.path.dirname(os.path.abspath(worker.local_directory))
         folder = os.path.join(scratch, PAYLOAD_FOLDER)
         try:
-            self._users = _join_host_file(folder, self.name)
+            self._users = host_file.join(folder, self.name)
         except OSError as exc:
             logger.warning("cannot share %s's payload file in %s (%s): worker %s keeps its "
                            "own copy of the weights", self.name, folder, exc, worker.address)
@@ -188,57 +187,10 @@ class _ModelPlugin(WorkerPlugin):
         users, self._users = self._users, None
         if users is not None and self.folder is not None:
             try:
-                _leave_host_file(users, self.folder, self.name)
+                host_file.leave(users, self.folder, self.name)
             except OSError as exc:
                 logger.warning("cannot remove %s's payload file in %s: %s", self.name,
                                self.folder, exc)
-
-
-def _users_path(folder: str, key: str) -> str:
-    return f"{host_file.path_for(folder, key)}.users"
-
-
-def _join_host_file(folder: str, key: str) -> int:
-    """Count this process among the users of ``key``'s payload file in ``folder``: a
-    shared ``flock`` on ``<file>.users``, held on the returned descriptor until
-    :func:`_leave_host_file` (or this process's death: the kernel releases it)."""
-    os.makedirs(folder, exist_ok=True)
-    path = _users_path(folder, key)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except BaseException:
-            os.close(fd)
-            raise
-        if _still_at(fd, path):
-            return fd
-        os.close(fd)  # the last user removed that file while we waited: use the new one
-
-
-def _leave_host_file(fd: int, folder: str, key: str) -> bool:
-    """Give up this process's share (``fd`` from :func:`_join_host_file`); if no other
-    process of the host holds one (its lock turns exclusive), remove the payload file and
-    the users file. True if this process removed them."""
-    path = _users_path(folder, key)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # other workers of this host still use the file
-        if not _still_at(fd, path):
-            return False  # another last user removed them first
-        host_file.discard(folder, key)
-        os.remove(path)  # joiners waiting on this inode see it gone and make a new one
-        return True
-    finally:
-        os.close(fd)
-
-
-def _still_at(fd: int, path: str) -> bool:
-    """True if the open file ``fd`` is the file ``path`` names (not a removed one)."""
-    st = os.fstat(fd)
-    return host_file.identity(path) == (st.st_dev, st.st_ino)
 
 
 # --- scoring dask collections ---------------------------------------------------------

@@ -18,7 +18,11 @@ Protocol, for processes that may start, die or race at any moment:
   across a discard;
 * a folder that cannot be written (full, read-only, denied) raises
   :class:`LocalWriteError` naming it, with no temporary file left behind: the caller
-  can still build from the payload in memory.
+  can still build from the payload in memory;
+* a process that builds on the file counts itself among its users (:func:`join`: a
+  shared ``flock`` on ``<name>.users``, which the kernel also releases when the process
+  dies); :func:`leave` removes the file with its last user (Dask), and :func:`reclaim`
+  removes the files other folders' dead owners left (a killed Spark executor's).
 
 A file that was replaced or removed stays valid for processes that mapped it (Linux
 keeps an unlinked inode alive while it is mapped).
@@ -33,7 +37,7 @@ import glob
 import logging
 import os
 import time
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from ..errors import ArgumentTypeError, LocalWriteError, PayloadError, SparkKerasError
 from ..storage import write_atomically
@@ -113,19 +117,21 @@ def _write_fetched(fetch: Callable[[], Any], f: BinaryIO) -> None:
 
 
 def discard(folder: str, key: str) -> None:
-    """Remove ``key``'s file, the temporary files of dead writers and the lock file,
-    holding the lock (a live writer finishes first; a process waiting for the lock
-    then takes a new one). Processes that mapped the file keep their mapping. A
+    """Remove ``key``'s file, the temporary files of dead writers, the users file and
+    the lock file, holding the lock (a live writer finishes first; a process waiting
+    for the lock then takes a new one). Processes that mapped the file keep their mapping. A
     failure is logged, not raised: the folder goes with its executor or worker at the
     latest."""
     path = path_for(folder, key)
     lock = f"{path}.lock"
     try:
-        if not any(map(os.path.exists, (path, lock))) and not _temporaries(path):
+        if not any(map(os.path.exists, (path, lock, users_path(folder, key)))) \
+                and not _temporaries(path):
             return  # nothing to remove (and no lock file to create)
         with _locked(lock):
             _remove(path)
             _remove_stale(path)
+            _remove(users_path(folder, key))  # joiners waiting on it see it gone
             _remove(lock)  # held by this process alone: waiters see it gone and retry
     except OSError as exc:
         logger.warning("cannot remove the payload file %s: %s", path, exc)
@@ -179,3 +185,113 @@ def _names(path: str, fd: int) -> bool:
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+# --- the processes using a file ---------------------------------------------------------
+
+def users_path(folder: str, key: str) -> str:
+    return f"{path_for(folder, key)}.users"
+
+
+def join(folder: str, key: str, owner: int | None = None) -> int:
+    """Count this process among the users of ``key``'s file in ``folder``: a shared
+    ``flock`` on ``<file>.users``, held on the returned descriptor until :func:`leave`
+    (or this process's death: the kernel releases it). Join before :func:`land`, so
+    that nobody takes the file for unused between its writing and its use.
+
+    Args:
+        folder: the payload folder.
+        key: the model's key.
+        owner: the pid of the process whose life bounds the folder's (a Spark
+            executor): recorded, with its start time, so that :func:`reclaim` in other
+            folders can tell when it died.
+
+    Raises:
+        OSError: the folder or the users file cannot be made.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = users_path(folder, key)
+    record = process_identity(owner) if owner is not None else None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if _names(path, fd):
+                if record is not None and os.fstat(fd).st_size == 0:
+                    os.pwrite(fd, record.encode(), 0)  # the owner's workers all write it
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the last user removed that file while we waited: use the new one
+
+
+def leave(fd: int, folder: str, key: str) -> bool:
+    """Give up this process's share (``fd`` from :func:`join`); if no other process holds
+    one (its lock turns exclusive), remove the file (:func:`discard`). True if this
+    process removed it."""
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # other processes still use the file
+        if not _names(users_path(folder, key), fd):
+            return False  # another last user removed it first
+        discard(folder, key)
+        return True
+    finally:
+        os.close(fd)
+
+
+def reclaim(folders: Iterable[str], key: str) -> list[str]:
+    """Remove ``key``'s files from those of ``folders`` whose owner (recorded by
+    :func:`join`) died and whose file no live process has joined: what a killed Spark
+    executor left beside the folder of its replacement. A folder whose owner is alive
+    or unknown, or whose file a live process uses, is left alone. Failures are logged.
+
+    Returns:
+        The payload files removed.
+    """
+    removed = []
+    for folder in folders:
+        path = users_path(folder, key)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue  # nobody joined there (or it is gone)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no live user, or skip it
+            owner = os.pread(fd, 64, 0).decode("ascii", "replace")
+            if not _names(path, fd) or not owner or _alive(owner):
+                continue
+            existed = os.path.exists(path_for(folder, key))
+            discard(folder, key)
+            if existed and not os.path.exists(path_for(folder, key)):
+                removed.append(path_for(folder, key))
+                logger.info("removed %s, left by process %s, which died", path_for(folder, key),
+                            owner.split(":")[0])
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # if nothing else is left in it
+        except BlockingIOError:
+            continue  # a live process uses it
+        except OSError as exc:
+            logger.warning("cannot reclaim the payload file %s: %s", path_for(folder, key), exc)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def process_identity(pid: int) -> str | None:
+    """``"<pid>:<start time>"`` of a live process (None if it is gone or there is no
+    ``/proc``): unlike a pid alone, never the identity of a later process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return f"{pid}:{int(fields[19])}"  # field 22, starttime; fields[0] is field 3
+
+
+def _alive(identity: str) -> bool:
+    pid = identity.split(":")[0]
+    return pid.isdigit() and process_identity(int(pid)) == identity
