@@ -305,6 +305,61 @@ def test_a_file_repaired_by_another_process_while_loading_is_used(tmp_path):
 
 
 # --- through real Spark ---------------------------------------------------------------------------
+# --- what dead processes leave: reclaim ------------------------------------------------------
+
+_USER = """
+import sys, time
+from spark_keras.payload import host_file
+folder, owner = sys.argv[1], int(sys.argv[2])
+host_file.join(folder, "m", owner=owner)  # held until this process dies
+host_file.land(folder, "m", 7, lambda: b"payload")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _user(folder: str, owner: subprocess.Popen) -> subprocess.Popen:
+    """A process using ``folder``'s file of model "m", on behalf of ``owner``."""
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-c", _USER, folder, str(owner.pid)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_reclaim_removes_what_dead_owners_left_and_nothing_in_use(tmp_path):
+    """Two executors (a, c: plain processes), each with a worker that joined and landed
+    model "m" in its own folder: reclaim leaves a folder alone while its owner lives
+    (even with no user left) or while a live process uses its file, and removes the file,
+    the users and lock files and the folder once both are gone."""
+    a, c = (str(tmp_path / name / host_file.FOLDER_NAME) for name in ("blockmgr-a", "blockmgr-c"))
+    owners = {name: subprocess.Popen(["sleep", "600"]) for name in "ac"}
+    users = {"a": _user(a, owners["a"]), "c": _user(c, owners["c"])}
+    try:
+        assert host_file.reclaim([a, c], "m") == []
+        owners["a"].kill()
+        owners["a"].wait()
+        assert host_file.reclaim([a, c], "m") == []  # a's worker still uses its file
+        users["c"].kill()
+        users["c"].wait()
+        assert host_file.reclaim([a, c], "m") == []  # c's executor lives on
+        users["a"].kill()
+        users["a"].wait()
+        assert host_file.reclaim([a, c], "m") == [host_file.path_for(a, "m")]
+        assert not os.path.exists(a)  # the emptied folder too
+        assert sorted(os.listdir(c)) == ["m.skp", "m.skp.lock", "m.skp.users"]
+        assert host_file.reclaim([a, c], "m") == []
+        fd = host_file.join(a, "m", owner=os.getpid())  # the folder can be used again
+        assert host_file.land(a, "m", 3, lambda: b"new") == host_file.path_for(a, "m")
+        assert host_file.leave(fd, a, "m") and os.listdir(a) == []  # the last user removes it
+    finally:
+        for proc in [*owners.values(), *users.values()]:
+            proc.kill()
+            proc.wait()
+
+
 
 @pytest.mark.slow  # a whole process or session of its own: make test-slow
 def test_a_full_executor_folder_scores_from_memory(spark, tmp_path):
