@@ -371,3 +371,20 @@ def test_spark_image_rows_bgr_to_rgb_and_bad_rows():
                             (col.slice(3, 1), "null image")]:
         with pytest.raises(ModelInputError, match=pattern):
             inputs([sliced], sig)
+
+
+@pytest.mark.parametrize("module", ["spark_keras.inference", "spark_keras.inference.predictor",
+                                    "spark_keras.spark.broadcast"])
+def test_importing_the_engine_package_leaves_pyarrow_unloaded(module):
+    """The Spark worker daemon imports spark_keras before it may let pyarrow start Arrow's
+    allocator thread: the package, the predictor and BroadcastModel's module load pyarrow
+    only once a batch is read (``engine`` and the rest, imported by module)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys, {module}; print(sorted(m for m in ('pyarrow', 'pandas') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=root)).stdout
+    assert out.strip() == "[]", (module, out)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ArgumentError, ModelInputError
 from .columns import Columns, assign
-from .signature import Signature, TensorSpec
+from .specs import Signature, TensorSpec, empty_outputs
 from .walk import ColumnRead, kind, leaf_kind, read_column
 
 ON_INVALID = ("error", "null")
@@ -149,9 +149,3 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
                                          reasons)
     outputs = predictor(inputs, batch_size) if len(inputs[0]) else empty_outputs(signature)
     return Scored(signature, outputs, invalid, why)
-
-
-def empty_outputs(signature: Signature) -> list[np.ndarray]:
-    """Outputs for no rows, of the output specs' shapes and dtypes."""
-    return [np.zeros((0, *s.shape), dtype=object if s.dtype == "string" else s.dtype)
-            if not s.variable else np.empty(0, dtype=object) for s in signature.outputs]

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..errors import ModelError
 from .engine import Scored
-from .signature import Signature, TensorSpec, model_outputs
+from .specs import Signature, TensorSpec, model_outputs
 
 # numpy dtype an output column is stored with (Spark has no float16/bfloat16/unsigned)
 _STORED_AS = {"float64": np.float64, "int64": np.int64, "int32": np.int32, "int16": np.int16,

@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import flavour
-from .engine import empty_outputs
-from .signature import Signature, signature_of
+from .signature import signature_of
+from .specs import Signature, empty_outputs
 from .tasks import attached_preprocessor, preprocessed
 
 DEFAULT_BATCH_SIZE = 1024

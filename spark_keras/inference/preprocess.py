@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with ev
     import pandas as pd  # (the preloading daemon imports handles before Arrow may load)
 
     from .columns import Column, Columns
-    from .signature import Signature
+    from .specs import Signature
 
 
 class Preprocess:

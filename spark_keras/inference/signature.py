@@ -1,50 +1,17 @@
-"""What a model takes and returns: names, per-row shapes and dtypes, read off the model."""
+"""What a model takes and returns: names, per-row shapes and dtypes (:mod:`.specs`),
+read off the model."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
-
 
 from .. import flavour
 from ..errors import ModelError
+from .specs import Signature, TensorSpec, model_outputs
+from .tasks import attached_preprocessor, task_signature
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int | None, ...]  # per row, without the batch dimension; None: any length
-    dtype: str
-
-    @property
-    def variable(self) -> bool:
-        """True if a dimension besides the batch one is unknown (``None``): rows may differ
-        in shape (sequences of any length, images of any size)."""
-        return None in self.shape
-
-    @property
-    def size(self) -> int | None:
-        """Values per row; None when rows differ in shape (:attr:`variable`)."""
-        return None if self.variable else math.prod(self.shape)
-
-    def describe(self) -> str:
-        return f"{self.dtype} of shape {self.shape}"
-
-
-@dataclass(frozen=True)
-class Signature:
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    input_structure: Any  # how model() wants its inputs: None (one tensor), "list", or dict keys
-    output_names: tuple[str, ...] | None  # None: a single output (not a struct)
-
-    def pack_inputs(self, arrays: list[Any]) -> Any:
-        if self.input_structure is None:
-            return arrays[0]
-        if self.input_structure == "list":
-            return list(arrays)
-        return dict(zip(self.input_structure, arrays))
+# the specs' types, importable from here as before
+__all__ = ["Signature", "TensorSpec", "model_outputs", "signature_of"]
 
 
 def _known(shape: Any, what: str) -> tuple[int | None, ...]:
@@ -58,8 +25,6 @@ def signature_of(model: Any) -> Signature:
     """Input and output specs of a built Keras 3 or tf-keras model. A task model with an
     attached preprocessor (keras-hub) takes what its preprocessor takes (see
     :mod:`.tasks`)."""
-    from .tasks import attached_preprocessor, task_signature
-
     graph = _graph_signature(model)
     preprocessor = attached_preprocessor(model)
     return graph if preprocessor is None else task_signature(model, preprocessor, graph)
@@ -128,10 +93,3 @@ def _first_attr(obj: Any, *names: str) -> Any:
             return value
     return None
 
-
-def model_outputs(outputs: list[Any], signature: Signature) -> Any:
-    """Flat outputs (signature order) shaped like the model's: one array for a
-    single-output model, a dict keyed by output name otherwise."""
-    if signature.output_names is None:
-        return outputs[0]
-    return dict(zip(signature.output_names, outputs))

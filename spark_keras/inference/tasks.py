@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import flavour
 from ..errors import ModelError
-from .signature import Signature, TensorSpec
+from .specs import Signature, TensorSpec
 
 
 def attached_preprocessor(model: Any) -> Any | None:

@@ -183,7 +183,7 @@ class BroadcastModel(ModelHandle):
         shaped row, naming the column and row; ``"null"`` gives such rows a null
         prediction and scores the rest. The row count never changes.
         """
-        from . import scoring  # pyarrow, on first use: the daemon imports this module first
+        from . import scoring  # pyarrow loads with it, on first use: this module does not load it
 
         self._check_usable()
         return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
