@@ -1,12 +1,15 @@
-"""The scoring engine every front-end uses: input kinds as named Arrow columns
-(``columns``), one read per column (``walk``), the ``on_invalid`` rule and the compiled
-model call (``engine``, ``predictor``), results shaped per front-end (``outputs``).
+"""The scoring engine every front-end uses: what a model takes and returns (``specs``,
+read off the model by ``signature``), input kinds as named Arrow columns (``columns``),
+one read per column (``walk`` and ``images``, giving a ``column_read.ColumnRead``), the
+``on_invalid`` rule and the compiled model call (``engine``, ``predictor``), results
+shaped per front-end (``outputs``).
 
 Importing this package does not import pyarrow (the Spark worker daemon imports it
 before it may start Arrow's threads): import ``engine`` and the rest by module."""
 
 from .predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
-from .signature import Signature, TensorSpec, signature_of
+from .signature import signature_of
+from .specs import Signature, TensorSpec
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Predictor", "predictor_for", "Signature", "TensorSpec",
            "signature_of"]

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, ModelInputError
+from .column_read import ColumnRead, kind, leaf_kind
 from .columns import Columns, assign
 from .specs import Signature, TensorSpec, empty_outputs
-from .walk import ColumnRead, kind, leaf_kind, read_column
+from .walk import read_column
 
 ON_INVALID = ("error", "null")
 

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ModelInputError
-from .signature import TensorSpec
-from .walk import ColumnRead, _nulls, _Problem
+from .column_read import ColumnRead, Problem, nulls
+from .specs import TensorSpec
 
 # OpenCV types Spark's reader produces for 8-bit images: CV_8UC1, CV_8UC3, CV_8UC4
 _EIGHT_BIT_MODES = {0: 1, 16: 3, 24: 4}
@@ -33,9 +33,9 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
             f"(height, width, channels)")
     n = len(arr)
     fields = dict(zip((f.name for f in arr.type), arr.flatten()))
-    missing = _nulls(arr) | _nulls(fields["data"])
+    missing = nulls(arr) | nulls(fields["data"])
     for key in ("height", "width", "nChannels", "mode"):
-        missing |= _nulls(fields[key])
+        missing |= nulls(fields[key])
     height, width, channels, mode = (fields[k].fill_null(0).to_numpy(zero_copy_only=False)
                                      .astype(np.int64) for k in ("height", "width", "nChannels", "mode"))
     data = fields["data"]
@@ -43,16 +43,16 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
     lengths = np.diff(offsets)
     problems = []
     if missing.any():
-        problems.append(_Problem(missing, lambda r, at: f"null image or image field at {at}"))
+        problems.append(Problem(missing, lambda r, at: f"null image or image field at {at}"))
     unsupported = ~missing & np.array([_EIGHT_BIT_MODES.get(int(m)) != int(c)
                                        for m, c in zip(mode, channels)], dtype=bool)
     if unsupported.any():
-        problems.append(_Problem(unsupported, lambda r, at: (
+        problems.append(Problem(unsupported, lambda r, at: (
             f"the image at {at} has mode {int(mode[r])} with {int(channels[r])} channel(s); "
             f"only 8-bit images (modes 0, 16, 24: 1, 3 or 4 channels) are read")))
     damaged = ~missing & ~unsupported & (lengths != height * width * channels)
     if damaged.any():
-        problems.append(_Problem(damaged, lambda r, at: (
+        problems.append(Problem(damaged, lambda r, at: (
             f"the image at {at} has {int(lengths[r])} data bytes for {int(height[r])} x "
             f"{int(width[r])} x {int(channels[r])}")))
     shapes = np.stack([height, width, channels], axis=1)
@@ -60,7 +60,7 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
     misfit = ~missing & ((shapes != expected) & (expected >= 0)).any(axis=1)
     if misfit.any():
         origin = fields.get("origin")
-        problems.append(_Problem(misfit, lambda r, at: (
+        problems.append(Problem(misfit, lambda r, at: (
             f"the image at {at}{_origin(origin, r)} is {int(height[r])} x {int(width[r])} x "
             f"{int(channels[r])}; the model input takes "
             f"{' x '.join('any' if d is None else str(d) for d in spec.shape)}")))

@@ -1,5 +1,5 @@
 """One pass over one Arrow input column: which rows are invalid and, for the others, the
-values of one model input, without per-row Python objects.
+values of one model input, without per-row Python objects (a :class:`.ColumnRead`).
 
 A row is invalid when it is null, holds a null at any nesting level, has the wrong number
 of values at some level, or holds NaN/infinity. Column-level problems (a string column, a
@@ -7,193 +7,31 @@ scalar column for a vector input) are not row problems: they raise at once.
 
 Accepted columns: numbers; (nested) lists or fixed-size lists of numbers, of the input's
 shape or flattened at the innermost level; ``pyspark.ml.linalg`` Vectors in their Arrow
-form (struct of type/size/indices/values), dense or sparse.
+form (struct of type/size/indices/values), dense or sparse; images of Spark's image data
+source, read by :mod:`.images` (:func:`read_column` takes every kind).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import ModelInputError
-from .signature import TensorSpec
-
-VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
-IMAGE_FIELDS = frozenset({"height", "width", "nChannels", "mode", "data"})  # Spark's image rows
-NULL_POLICY_HINT = "on_invalid='null' gives such rows a null prediction"
-
-
-def kind(t: pa.DataType) -> str:
-    """``"list"``, ``"vector"`` (an ML Vector), ``"image"`` (a row of Spark's image data
-    source), ``"struct"``, ``"number"``, ``"string"``
-    (text or binary: both feed ``tf.string`` inputs) or ``"other"``."""
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return "list"
-    if pa.types.is_struct(t):
-        if {f.name for f in t} >= VECTOR_FIELDS:
-            return "vector"
-        return "image" if {f.name for f in t} >= IMAGE_FIELDS else "struct"
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return "number"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return "string"
-    return "other"
-
-
-def leaf_kind(spec: TensorSpec) -> str:
-    """The kind of value an input takes: ``"string"`` for ``tf.string`` inputs (text or
-    bytes), else ``"number"``."""
-    return "string" if spec.dtype == "string" else "number"
-
-
-@dataclass
-class _Problem:
-    rows: np.ndarray  # bool, True = this problem affects the row
-    describe: Callable[[int, str], str]  # (row index, "row 5 of this batch") -> text
-
-
-@dataclass
-class ColumnRead:
-    """The result of reading one column for one model input."""
-
-    name: str
-    spec: TensorSpec
-    n: int
-    leaf: np.ndarray  # flat values (a view of the Arrow buffers where possible)
-    starts: np.ndarray | None  # first value of each row in ``leaf``; None: row i at i * size
-    problems: list[_Problem] = field(default_factory=list)
-    column_note: str = ""  # appended to row errors (e.g. "expects 3 features")
-    parts: tuple[str, ...] = ()  # the scalar columns this one stands for (a block of them)
-    # (rows, ndim) per-row shapes, for an input with unknown dimensions (``spec.variable``)
-    shapes: np.ndarray | None = None
-
-    @property
-    def invalid(self) -> np.ndarray | None:
-        """True for rows that cannot be scored; None when every row is valid."""
-        if not self.problems:
-            return None
-        mask = self.problems[0].rows.copy()
-        for p in self.problems[1:]:
-            mask |= p.rows
-        return mask if mask.any() else None
-
-    def values(self, keep: np.ndarray | None = None) -> np.ndarray:
-        """``(rows, *spec.shape)`` for all rows, or the rows where ``keep`` is True, cast to
-        the input dtype (zero-copy when every row is kept and the layout allows)."""
-        if self.shapes is not None:
-            return self._rows(keep)
-        size, shape = self.spec.size, self.spec.shape
-        if self.starts is None:
-            flat = self.leaf[: self.n * size].reshape((self.n, size))
-            if keep is not None:
-                flat = flat[keep]
-        else:
-            flat = _rows_at(self.leaf, self.starts if keep is None else self.starts[keep], size)
-        flat = flat.reshape((len(flat), *shape))
-        return flat if leaf_kind(self.spec) == "string" else flat.astype(self.spec.dtype, copy=False)
-
-    def _rows(self, keep: np.ndarray | None) -> np.ndarray:
-        """An input with unknown dimensions: an object array of one array per row, each of
-        its own shape (views of the column's values, not yet cast: rows of one shape are
-        stacked and cast together when the model is called)."""
-        rows = np.flatnonzero(keep) if keep is not None else np.arange(self.n)
-        out = np.empty(len(rows), dtype=object)
-        for k, r in enumerate(rows):
-            shape = tuple(int(d) for d in self.shapes[r])
-            start = int(self.starts[r])
-            out[k] = self.leaf[start:start + math.prod(shape)].reshape(shape)
-        return out
-
-    def _culprit(self, row: int) -> str:
-        return _culprit_in(self, row) if self.parts else self.name
-
-    def _what(self, row: int, where: str, first_row: int) -> str:
-        """What is wrong with the invalid ``row``: its column and the first problem."""
-        problem = next(p for p in self.problems if p.rows[row])
-        at = f"row {first_row + row} of this {where}"
-        return f"column {self._culprit(row)!r}: {problem.describe(row, at)}"
-
-    def _expected(self) -> str:
-        return (f"the model input {self.spec.name!r} expects {self.spec.describe()} "
-                f"per row{self.column_note}")
-
-    def error(self, where: str, first_row: int = 0) -> ModelInputError:
-        """The error for this column's first invalid row (call when :attr:`invalid`);
-        rows are numbered from ``first_row`` within ``where`` ("batch", "partition")."""
-        mask = self.invalid
-        assert mask is not None
-        row = int(np.argmax(mask))
-        count = int(mask.sum())
-        return ModelInputError(
-            f"{self._what(row, where, first_row)} ({count} invalid row(s) in this {where}); "
-            f"{self._expected()} ({NULL_POLICY_HINT})")
-
-    def reason(self, row: int, where: str = "batch", first_row: int = 0) -> str:
-        """Why the invalid ``row`` cannot be scored, in the words of :meth:`error` (the
-        column, what is wrong, what the input expects), for ``on_invalid="null"``."""
-        return f"{self._what(row, where, first_row)}; {self._expected()}"
-
-
-def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
-    """``(len(starts), size)``: the ``size`` values from each start, copied run by run
-    (rows that follow each other in ``leaf`` are one slice), so the peak is the result
-    itself, not an index as large as it."""
-    out = np.empty((len(starts), size), dtype=leaf.dtype)
-    if not len(starts):
-        return out
-    breaks = np.flatnonzero(np.diff(starts) != size) + 1
-    for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(starts)]))):
-        first = int(starts[a])
-        out[a:b] = leaf[first:first + (b - a) * size].reshape((b - a, size))
-    return out
-
-
-def _culprit_in(read: "ColumnRead", row: int) -> str:
-    """The column of a block (``parts``) whose value in ``row`` is not a finite number."""
-    start = int(read.starts[row]) if read.starts is not None else row * read.spec.size
-    values = read.leaf[start:start + read.spec.size]
-    bad = np.flatnonzero(~np.isfinite(values)) if values.dtype.kind == "f" else []
-    return read.parts[int(bad[0])] if len(bad) else read.name
-
-
-def _all_finite(values: np.ndarray) -> bool:
-    """Whether every value is a finite number, without a temporary array as large as
-    ``values`` (NaN propagates through min and max, an infinity is one of them): under
-    Dask, whose workers hand large blocks back to the OS at once, each such temporary
-    costs page faults (3 ms for 50,000 x 64 float32 values)."""
-    if values.dtype.kind != "f" or values.size == 0:
-        return True
-    return bool(np.isfinite(values.min()) and np.isfinite(values.max()))
-
-
-def _nonfinite(leaf: np.ndarray, arr: pa.Array) -> np.ndarray | None:
-    """The NaN/infinite values of ``leaf`` (``arr`` as numpy), None when there are none;
-    nulls, which numpy reads as NaN, are not counted (they are a problem of their own)."""
-    if _all_finite(leaf):
-        return None
-    nonfinite = ~np.isfinite(leaf)
-    if arr.null_count:
-        nonfinite &= ~_nulls(arr)
-    return nonfinite
-
-
-def _describe_nonfinite(row: int, at: str) -> str:
-    return f"NaN or infinite value(s), first at {at}"
-
-
-def _any_in(flags: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """For each row's range [lo, hi) of elements: is any flag set?"""
-    counts = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
-    return counts[hi] > counts[lo]
-
-
-def _nulls(arr: pa.Array) -> np.ndarray:
-    return np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+from .column_read import (
+    ColumnRead,
+    Problem,
+    any_in,
+    describe_nonfinite,
+    kind,
+    leaf_kind,
+    nonfinite_mask,
+    null_rows,
+    nulls,
+)
+from .images import read_images
+from .specs import TensorSpec
 
 
 def _level_widths(depth: int, shape: tuple[int, ...]) -> list[int]:
@@ -241,8 +79,6 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
         arr = arr.combine_chunks()
     k = kind(arr.type)
     if k == "image":
-        from .images import read_images  # it builds on this module
-
         return read_images(name, arr, spec)
     if k == "vector":
         if leaf_kind(spec) != "number":
@@ -262,7 +98,7 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
             f"{spec.name!r} expects {spec.describe()} ({spec.size} values) per row: pass an "
             f"array column, or {spec.size} scalar columns")
     n = len(arr)
-    problems = _null_rows(arr)
+    problems = null_rows(arr)
     if depth == 0:
         return _read_numbers(name, arr, spec, problems)
     lo = np.arange(n, dtype=np.int64)
@@ -299,7 +135,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
             f"column {name!r} ({arr.type}) cannot give rows of the model input {spec.name!r}, "
             f"{spec.describe()}: give each unknown dimension its own level of nested arrays")
     n = len(arr)
-    problems = _null_rows(arr)
+    problems = null_rows(arr)
     dims = np.zeros((n, len(shape)), dtype=np.int64)
     lo = np.arange(n, dtype=np.int64)
     hi = lo + 1
@@ -307,7 +143,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         dims_here = shape[level:] if level == depth - 1 else shape[level:level + 1]
         row_len, uneven = _row_lengths(arr, lo, hi)
         if level:
-            problems.append(_Problem(uneven, lambda r, at, lv=level: (
+            problems.append(Problem(uneven, lambda r, at, lv=level: (
                 f"ragged arrays: {at} is not rectangular (arrays of different lengths at "
                 f"nesting level {lv})")))
         known = math.prod(d for d in dims_here if d is not None)
@@ -321,7 +157,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         else:
             wrong = row_len != known
             dims[:, level:level + len(dims_here)] = dims_here
-        problems.append(_Problem(wrong & ~uneven, lambda r, at, lv=level, got=row_len, t=takes: (
+        problems.append(Problem(wrong & ~uneven, lambda r, at, lv=level, got=row_len, t=takes: (
             f"{at} has {int(got[r])} values at nesting level {lv} where the model input "
             f"takes {t}")))
         arr, lo, hi = _step_down(arr, _offsets(arr), lo, hi, problems)
@@ -338,35 +174,28 @@ def _offsets(arr: pa.Array) -> np.ndarray:
 
 
 def _step_down(arr: pa.Array, offsets: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-               problems: list[_Problem]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+               problems: list[Problem]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
     """One nesting level down: the values of ``arr`` and each row's range in them; rows
     with a null among those values are added to ``problems``."""
     lo, hi = offsets[lo], offsets[hi]
     arr = arr.values
     if arr.null_count:
-        problems.append(_Problem(_any_in(_nulls(arr), lo, hi),
+        problems.append(Problem(any_in(nulls(arr), lo, hi),
                                  lambda r, at: f"null array element(s), first at {at}"))
     return arr, lo, hi
 
 
-def _null_rows(arr: pa.Array) -> list[_Problem]:
-    """The problem of null rows, if ``arr`` has any."""
-    if not arr.null_count:
-        return []
-    return [_Problem(_nulls(arr), lambda r, at: f"null value(s), first at {at}")]
-
-
 def _read_leaf(arr: pa.Array, lo: np.ndarray, hi: np.ndarray,
-               problems: list[_Problem]) -> tuple[np.ndarray, int]:
+               problems: list[Problem]) -> tuple[np.ndarray, int]:
     """The innermost values under rows whose values are ``arr[lo:hi]`` (a view of the Arrow
     buffer where it allows), and the index in ``arr`` of the first; rows holding NaN or
     infinity are added to ``problems``."""
     first = int(lo[0]) if len(lo) else 0
     leaf_arr = arr.slice(first, (int(hi[-1]) if len(hi) else 0) - first)
     leaf = leaf_arr.to_numpy(zero_copy_only=False)
-    nonfinite = _nonfinite(leaf, leaf_arr)
+    nonfinite = nonfinite_mask(leaf, leaf_arr)
     if nonfinite is not None:
-        problems.append(_Problem(_any_in(nonfinite, lo - first, hi - first), _describe_nonfinite))
+        problems.append(Problem(any_in(nonfinite, lo - first, hi - first), describe_nonfinite))
     return leaf, first
 
 
@@ -386,22 +215,22 @@ def _row_lengths(arr: pa.Array, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndar
     first[has] = lengths[lo[has]]
     start, end = int(lo[0]), int(hi[-1])
     differs = lengths[start:end] != np.repeat(first, counts)
-    return first, _any_in(differs, lo - start, hi - start)
+    return first, any_in(differs, lo - start, hi - start)
 
 
 def _read_numbers(name: str, arr: pa.Array, spec: TensorSpec,
-                  problems: list[_Problem]) -> ColumnRead:
+                  problems: list[Problem]) -> ColumnRead:
     """A scalar column: one element per row, so row problems are element problems."""
     leaf = arr.to_numpy(zero_copy_only=False)
-    nonfinite = _nonfinite(leaf, arr)
+    nonfinite = nonfinite_mask(leaf, arr)
     if nonfinite is not None:
-        problems.append(_Problem(nonfinite, _describe_nonfinite))
+        problems.append(Problem(nonfinite, describe_nonfinite))
     return ColumnRead(name, spec, len(arr), leaf, None, [p for p in problems if p.rows.any()])
 
 
 def _width_problem(wrong: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                   level: int, depth: int, width: int, n: int) -> _Problem:
-    rows = _any_in(wrong, lo, hi)
+                   level: int, depth: int, width: int, n: int) -> Problem:
+    rows = any_in(wrong, lo, hi)
     uniform = rows.all() and depth == 1 and len(np.unique(lengths[lo])) == 1
 
     def describe(r: int, at: str) -> str:
@@ -411,7 +240,7 @@ def _width_problem(wrong: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: n
         level_note = f" at nesting level {level}" if depth > 1 else ""
         return f"ragged arrays: {at} has {got} values{level_note} where {width} are expected"
 
-    return _Problem(rows, describe)
+    return Problem(rows, describe)
 
 
 def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
@@ -421,7 +250,7 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
     values = fields["values"]
     if kind(values.type) != "list" or kind(values.type.value_type) != "number":
         raise not_numbers(name, values.type, spec)
-    problems = _null_rows(arr)
+    problems = null_rows(arr)
     dense = fields["type"].fill_null(1).to_numpy(zero_copy_only=False) == 1
     if dense.all() and not arr.null_count:  # a list column in disguise: read it as one
         read = read_column(name, values, spec)
@@ -436,7 +265,7 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
         what = f"has {int(lengths[r])} values" if dense[r] else f"has size {int(sizes[r])}"
         return f"the {'dense' if dense[r] else 'sparse'} vector at {at} {what}"
 
-    problems.append(_Problem(misshapen, describe_shape))
+    problems.append(Problem(misshapen, describe_shape))
     rows = np.repeat(np.arange(n), lengths)
     position = np.arange(len(rows)) - np.repeat(v_off[:-1] - v_off[0], lengths)
     cols = position.copy()
@@ -447,18 +276,18 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
         i_flat = indices.values.fill_null(-1).to_numpy(zero_copy_only=False)
         cols[sparse_value] = i_flat[(np.repeat(i_off[:-1], lengths) + position)[sparse_value]]
         outside = (cols < 0) | (cols >= size)
-        problems.append(_Problem(
+        problems.append(Problem(
             np.bincount(rows[outside], minlength=n).astype(bool),
             lambda r, at: f"the sparse vector at {at} has an index outside 0..{size - 1}"))
     flat_values = values.values.slice(int(v_off[0]), int(v_off[-1] - v_off[0]))
     if flat_values.null_count:
-        problems.append(_Problem(np.bincount(rows[_nulls(flat_values)], minlength=n).astype(bool),
+        problems.append(Problem(np.bincount(rows[nulls(flat_values)], minlength=n).astype(bool),
                                  lambda r, at: f"null array element(s), first at {at}"))
     got = flat_values.to_numpy(zero_copy_only=False)
-    nonfinite = _nonfinite(got, flat_values)
+    nonfinite = nonfinite_mask(got, flat_values)
     if nonfinite is not None:
-        problems.append(_Problem(np.bincount(rows[nonfinite], minlength=n).astype(bool),
-                                 _describe_nonfinite))
+        problems.append(Problem(np.bincount(rows[nonfinite], minlength=n).astype(bool),
+                                 describe_nonfinite))
     problems = [p for p in problems if p.rows.any()]
     bad = np.zeros(n, dtype=bool)
     for p in problems:
