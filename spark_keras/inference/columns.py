@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ModelInputError
-from .signature import Signature, TensorSpec
-from .walk import kind
+from .column_read import kind
+from .specs import Signature, TensorSpec
 
 
 @dataclass(frozen=True)
