@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["SparkKerasError", "PayloadError", "StorageError", "LocalWriteError", "ModelInputError", "ModelError",
+__all__ = ["SparkKerasError", "PayloadError", "StorageError", "LocalWriteError", "ModelInputError", "ModelCallError",
+           "InvalidRowsError", "ModelError",
            "ArgumentError", "ArgumentTypeError", "PreprocessError", "MissingDependencyError"]
 
 
@@ -29,6 +30,16 @@ class ModelInputError(SparkKerasError, ValueError):
 
 class PreprocessError(ModelInputError):
     """A user's ``preprocess`` function failed or returned something the model cannot take."""
+
+
+class ModelCallError(ModelInputError):
+    """The model raised on one row alone (a corrupt image its graph decodes, a failed
+    ``tf.debugging`` assertion, a sequence longer than it allows): the message names the
+    row, its input column(s) and the model's own message."""
+
+
+class InvalidRowsError(ModelInputError):
+    """More rows were invalid than ``max_invalid`` allows."""
 
 
 class ModelError(SparkKerasError, ValueError):

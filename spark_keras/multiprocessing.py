@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import flavour
-from .errors import ArgumentTypeError, SparkKerasError
+from .errors import ArgumentTypeError, ModelCallError, SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
 from .inference.engine import (
@@ -34,9 +34,9 @@ from .inference.engine import (
     model_inputs,
     score,
 )
+from .inference.isolation import RowFailure, reason_text
 from .inference.outputs import to_numpy
 from .inference.predictor import DEFAULT_BATCH_SIZE
-from .inference.preprocess import Preprocess
 from .inference.signature import signature_of
 from .payload import host_file
 from .payload.shipment import Shipment
@@ -131,12 +131,25 @@ def pool_predict(model: Any, data: Any, *,
         tasks = [(handle.worker_copy(), chunk, batch_size, on_invalid, i * rows, names)
                  for i, chunk in enumerate(chunks)]
         parts = pool.map(_predict_chunk, tasks, chunksize=1)
-    if handle.preprocess is not None:  # each part: (outputs, invalid rows)
-        masks = [bad if bad is not None else np.zeros(len(c[0]), bool)
-                 for (_, bad), c in zip(parts, chunks)]
-        invalid = np.concatenate(masks) if any(m.any() for m in masks) else None
-        parts = [out for out, _ in parts]
-    outputs = [np.concatenate(p) for p in zip(*parts)]
+    positions = np.arange(n) if invalid is None else np.flatnonzero(~invalid)  # of inputs
+    for part in parts:
+        if part[0] is None:  # (None, input row, why): the model raised on that row alone
+            inputs_text = ", ".join(repr(s.name) for s in signature.inputs)
+            raise ModelCallError(f"the model raised on row {int(positions[part[1]])} of this "
+                                 f"input (model input(s) {inputs_text}): {part[2]}")
+    # each part: its outputs and its rows left out (invalid, or the model raised on them)
+    masks = [bad if bad is not None else np.zeros(len(c[0]), bool)
+             for (_, bad), c in zip(parts, chunks)]
+    left_out = np.concatenate(masks)
+    if handle.preprocess is not None:  # the engine left those rows out of the outputs
+        outs = [out for out, _ in parts]
+        invalid = left_out if left_out.any() else None
+    else:  # outputs for every row of a chunk: drop the rows the model raised on
+        outs = [[o[~bad] for o in out] if bad.any() else out for (out, _), bad in zip(parts, masks)]
+        if left_out.any():
+            invalid = np.zeros(n, dtype=bool) if invalid is None else invalid.copy()
+            invalid[positions[left_out]] = True
+    outputs = [np.concatenate(p) for p in zip(*outs)]
     return to_numpy(Scored(signature, outputs, invalid))
 
 
@@ -146,15 +159,14 @@ class PoolModel(ModelHandle):
 
     def __init__(self, model: Any = None, key: str | None = None, nbytes: int = 0,
                  preprocess: Any = None) -> None:
-        self._key = key or self.new_key(model, "pool-")
-        self._nbytes, self._model, self._signature = nbytes, model, None
-        self._preprocess = Preprocess.of(preprocess)
+        super().__init__(key or self.new_key(model, "pool-"), nbytes, model=model,
+                         preprocess=preprocess)
 
     def worker_copy(self) -> "PoolModel":
         """What a task carries: the key (and the preprocess function, by value)."""
         return PoolModel(key=self._key, preprocess=self._preprocess)
 
-    def _build(self) -> tuple:
+    def build_model(self) -> tuple:
         received = _received.get(self._key)
         if received is None:
             raise SparkKerasError(f"pool model {self._key} was not received by process "
@@ -192,8 +204,15 @@ def _predict_chunk(task: tuple[PoolModel, list[Any], int, str, int, list[str]]) 
     """The outputs for one chunk of model inputs; with a preprocess function, the chunk
     holds raw columns and the result is ``(outputs of the valid rows, invalid mask)``."""
     handle, arrays, batch_size, on_invalid, first_row, names = task
-    if handle.preprocess is None:
-        return handle.predictor(arrays, batch_size)
+    if handle.preprocess is None:  # model inputs: rows the model raises on, isolated
+        found: dict[int, BaseException] | None = {} if on_invalid == "null" else None
+        try:
+            outputs = handle.predictor(arrays, batch_size, found)
+        except RowFailure as failure:  # the parent names the row (a text: TF errors
+            return None, first_row + failure.row, reason_text(failure.cause)  # don't pickle)
+        failed = np.zeros(len(arrays[0]), dtype=bool)
+        failed[list(found or ())] = True
+        return outputs, failed
     scored = score(handle, cols.from_arrow(names, arrays), batch_size=batch_size,
                    on_invalid=on_invalid, where="input", first_row=first_row)
     return scored.outputs, scored.invalid

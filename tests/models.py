@@ -186,3 +186,67 @@ def hub_image_classifier(num_classes: int = 3, size: int = 16):
     classifier = keras_hub.models.ResNetImageClassifier(backbone, num_classes,
                                                         preprocessor=preprocessor)
     return classifier
+
+
+# --- models that raise on some rows (row isolation) -----------------------------------
+
+@keras.saving.register_keras_serializable(package="spark_keras_tests")
+class AssertBelow(layers.Layer):
+    """Its input unchanged, after a ``tf.debugging.assert_less`` of every value against
+    ``limit`` (a model that refuses some rows in its graph)."""
+
+    def __init__(self, limit: float = 10.0, **kwargs):
+        super().__init__(**kwargs)
+        self.limit = limit
+
+    def call(self, x):
+        import tensorflow as tf
+
+        tf.debugging.assert_less(x, tf.cast(self.limit, x.dtype), message="value over the limit")
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "limit": self.limit}
+
+
+@keras.saving.register_keras_serializable(package="spark_keras_tests")
+class PositionalEmbedding(layers.Layer):
+    """Token ids of any length plus a learned embedding of each position, up to
+    ``max_length`` positions: a longer row gathers past the table (the error a
+    Transformer-style model gives on a too-long sequence)."""
+
+    def __init__(self, max_length: int = 16, width: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.max_length, self.width = max_length, width
+
+    def build(self, input_shape):
+        self.table = self.add_weight(shape=(self.max_length, self.width), name="positions")
+
+    def call(self, ids):
+        import tensorflow as tf
+
+        positions = tf.gather(self.table, tf.range(tf.shape(ids)[1]))
+        return tf.cast(ids, "float32")[..., None] + positions[None]
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.width)
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length, "width": self.width}
+
+
+def asserting_mlp(limit: float = 10.0) -> keras.Model:
+    """An MLP over 4 features that raises (in its graph) on a row holding a value >= limit."""
+    keras.utils.set_random_seed(5)
+    inp = keras.Input((4,), name="features")
+    x = layers.Dense(8, activation="relu")(AssertBelow(limit)(inp))
+    return keras.Model(inp, layers.Dense(1)(x), name="asserting_mlp")
+
+
+def positional_model(max_length: int = 16) -> keras.Model:
+    """Sequences of token ids of any length up to ``max_length`` (longer: a gather out of
+    range) -> 2 scores."""
+    keras.utils.set_random_seed(6)
+    inp = keras.Input((None,), dtype="int32", name="tokens")
+    x = layers.GlobalAveragePooling1D()(PositionalEmbedding(max_length)(inp))
+    return keras.Model(inp, layers.Dense(2)(x), name="positional")

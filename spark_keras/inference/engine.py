@@ -6,13 +6,14 @@ batches (:mod:`.predictor`), and the outputs with the mask of invalid rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ArgumentError, ModelInputError
+from ..errors import ArgumentError, ModelCallError, ModelInputError
 from .column_read import ColumnRead, kind, leaf_kind
 from .columns import Columns, assign
+from .isolation import RowFailure, columns_text, reason, reason_text
 from .specs import Signature, TensorSpec, empty_outputs
 from .walk import read_column
 
@@ -140,13 +141,61 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
     anything with ``predictor`` and ``signature``) for ``columns``, made into the model's
     inputs by the handle's ``preprocess`` function first if it has one. An empty batch, or
     one where every row is invalid, gives empty outputs of the output specs' dtypes.
-    ``reasons``: also say why each invalid row is (``Scored.reasons``)."""
+    ``reasons``: also say why each invalid row is (``Scored.reasons``).
+
+    A model or preprocess call that raises is retried in parts to find the rows it raises
+    on alone (:mod:`.isolation`; clean batches are never retried): under ``"null"`` those
+    rows are invalid too (reason ``"model: <Error>: <message>"``), under ``"error"`` the
+    first of them raises :class:`ModelCallError` (or :class:`PreprocessError`) naming it."""
     predictor = handle.predictor
     signature = predictor.signature
     preprocess = getattr(handle, "preprocess", None)
+    n, names = _rows_and_names(columns)
+    failed: dict[int, str] = {}  # batch row -> why a call raised on it
     if preprocess is not None:
-        columns = preprocess.apply(columns, signature, where=where, first_row=first_row)
+        found: dict[int, BaseException] | None = {} if on_invalid == "null" else None
+        columns = preprocess.apply(columns, signature, where=where, first_row=first_row,
+                                   failures=found)
+        failed.update({row: reason("preprocess", exc) for row, exc in (found or {}).items()})
+        if n and len(failed) == n:  # nothing left to read
+            return _with_failures(Scored(signature, empty_outputs(signature), None), failed,
+                                  n, reasons)
     inputs, invalid, why = _model_inputs(columns, signature, on_invalid, where, first_row,
                                          reasons)
-    outputs = predictor(inputs, batch_size) if len(inputs[0]) else empty_outputs(signature)
-    return Scored(signature, outputs, invalid, why)
+    outputs = empty_outputs(signature)
+    if len(inputs[0]):
+        rows = np.arange(n) if invalid is None else np.flatnonzero(~invalid)  # of the inputs
+        found = {} if on_invalid == "null" else None
+        try:
+            outputs = predictor(inputs, batch_size, found)
+        except RowFailure as failure:
+            raise ModelCallError(
+                f"the model raised on row {first_row + int(rows[failure.row])} of this {where} "
+                f"({columns_text(names)}): {reason_text(failure.cause)}"
+            ) from failure.cause
+        if found:
+            ok = np.ones(len(rows), dtype=bool)
+            ok[list(found)] = False
+            outputs = [o[ok] for o in outputs]
+            failed.update({int(rows[k]): reason("model", exc) for k, exc in found.items()})
+    scored = Scored(signature, outputs, invalid, why)
+    return _with_failures(scored, failed, n, reasons) if failed else scored
+
+
+def _with_failures(scored: Scored, failed: dict[int, str], n: int, reasons: bool) -> Scored:
+    """``scored`` with the ``failed`` rows (batch row -> reason) marked invalid too."""
+    invalid = np.zeros(n, dtype=bool) if scored.invalid is None else scored.invalid.copy()
+    invalid[list(failed)] = True
+    why = None
+    if reasons:
+        why = np.full(n, None, dtype=object) if scored.reasons is None else scored.reasons.copy()
+        for row, text in failed.items():
+            why[row] = text
+    return Scored(scored.signature, scored.outputs, invalid, why)
+
+
+def _rows_and_names(columns: Columns) -> tuple[int, list[str]]:
+    """How many rows ``columns`` have, and their names (for errors)."""
+    flat = [c for group in columns.values() for c in group] if isinstance(columns, Mapping) \
+        else list(columns)
+    return (len(flat[0].array) if flat else 0), [c.name for c in flat]

@@ -15,6 +15,7 @@ import numpy as np
 from .. import flavour
 from .signature import signature_of
 from .specs import Signature, empty_outputs
+from .isolation import Isolated, RowFailure, first_failure, isolate
 from .tasks import attached_preprocessor, preprocessed
 
 DEFAULT_BATCH_SIZE = 1024
@@ -49,16 +50,22 @@ class Predictor:
 
         return flavour.current().compile_call(call, sig.inputs)
 
-    def __call__(self, arrays: Sequence[np.ndarray],
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> list[np.ndarray]:
+    def __call__(self, arrays: Sequence[np.ndarray], batch_size: int = DEFAULT_BATCH_SIZE,
+                 failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:
         """Outputs (flattened, in signature order) for inputs of any length, in batches.
         Inputs with unknown dimensions come as object arrays of one array per row: rows
-        are grouped by shape (see :meth:`_grouped`)."""
-        if any(spec.variable for spec in self.signature.inputs):
-            return self._grouped(arrays, batch_size)
-        return self._batched(arrays, batch_size)
+        are grouped by shape (see :meth:`_grouped`).
 
-    def _grouped(self, arrays: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+        A call that raises is retried in parts (:mod:`.isolation`): with ``failures`` (a
+        dict) the rows that raise alone are recorded there (row -> exception) and get
+        zeros in the outputs; without it, :class:`~.isolation.RowFailure` names the first
+        such row (the call's own exception if no single row raises)."""
+        if any(spec.variable for spec in self.signature.inputs):
+            return self._grouped(arrays, batch_size, failures)
+        return self._batched(arrays, batch_size, failures)
+
+    def _grouped(self, arrays: Sequence[np.ndarray], batch_size: int,
+                 failures: dict[int, BaseException] | None) -> list[np.ndarray]:
         """Rows of one shape (on every input) in one call, so each row's prediction is the
         model's on that row alone: nothing is padded. An output with unknown dimensions
         comes back as an object array of one array per row."""
@@ -73,7 +80,14 @@ class Predictor:
             index = np.asarray(rows)
             inputs = [_stacked(a[index], s) if s.variable else a[index]
                       for a, s in zip(arrays, specs)]
-            for j, got in enumerate(self._batched(inputs, batch_size)):
+            found: dict[int, BaseException] | None = None if failures is None else {}
+            try:
+                got_all = self._batched(inputs, batch_size, found)
+            except RowFailure as failure:  # its row, numbered in the whole batch
+                raise RowFailure(int(index[failure.row]), failure.cause) from failure.cause
+            if found:
+                failures.update({int(index[k]): exc for k, exc in found.items()})
+            for j, got in enumerate(got_all):
                 if outs[j] is None:
                     outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
                 if self.signature.outputs[j].variable:  # one array per row, of its own shape
@@ -85,12 +99,46 @@ class Predictor:
             return empty_outputs(self.signature)
         return outs
 
-    def _batched(self, arrays: Sequence[np.ndarray], batch_size: int) -> list[np.ndarray]:
+    def _batched(self, arrays: Sequence[np.ndarray], batch_size: int,
+                 failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:
         n = len(arrays[0]) if arrays else 0
-        if n <= batch_size:
-            return self._call(arrays)
-        parts = [self._call([a[i:i + batch_size] for a in arrays]) for i in range(0, n, batch_size)]
-        return [np.concatenate(chunks) for chunks in zip(*parts)]
+        parts = []
+        for i in range(0, max(n, 1), batch_size):
+            chunk = arrays if n <= batch_size else [a[i:i + batch_size] for a in arrays]
+            try:
+                parts.append(self._call(chunk))
+            except Exception as exc:  # a row the model cannot take, perhaps: find it
+                parts.append(self._isolated(arrays, i, min(i + batch_size, n), exc, failures))
+        return parts[0] if len(parts) == 1 else [np.concatenate(c) for c in zip(*parts)]
+
+    def _isolated(self, arrays: Sequence[np.ndarray], start: int, stop: int,
+                  exc: Exception, failures: dict[int, BaseException] | None) -> list[np.ndarray]:
+        """Rows ``start`` to ``stop``'s outputs, the call having raised ``exc`` on them:
+        the rows that raise alone recorded in ``failures`` (zeros in the outputs), or the
+        first of them raised as a :class:`RowFailure`."""
+        def call(a: int, b: int) -> list[np.ndarray]:
+            return self._call([x[a:b] for x in arrays])
+
+        if failures is None:
+            first = first_failure(call, start, stop, exc)
+            if first is None:
+                raise exc
+            raise RowFailure(*first) from first[1]
+        found = isolate(call, start, stop, exc)
+        failures.update(found.failures)
+        return _with_placeholders(found, start, stop, self.signature)
+
+
+def _with_placeholders(found: Isolated[list[np.ndarray]], start: int, stop: int,
+                       signature: Any) -> list[np.ndarray]:
+    """The outputs of rows ``start`` to ``stop`` from the parts that succeeded, zeros on
+    the rows that failed (the engine leaves those out)."""
+    template = found.parts[0][2] if found.parts else empty_outputs(signature)
+    outs = [np.zeros((stop - start, *t.shape[1:]), dtype=t.dtype) for t in template]
+    for a, b, got in found.parts:
+        for out, part in zip(outs, got):
+            out[a - start:b - start] = part
+    return outs
 
 
 def _stacked(rows: np.ndarray, spec: Any) -> np.ndarray:

@@ -13,9 +13,10 @@ in the driver's ``__main__`` works in the workers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import ArgumentTypeError, PreprocessError
+from .isolation import columns_text, first_failure, isolate, reason_text
 
 if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with every handle
     import pandas as pd  # (the preloading daemon imports handles before Arrow may load)
@@ -59,20 +60,36 @@ class Preprocess:
         return self._fn
 
     def apply(self, columns: Columns, signature: Signature, *, where: str = "batch",
-              first_row: int = 0) -> Columns:
-        """The model's input columns made by ``fn`` from ``columns`` (one batch)."""
+              first_row: int = 0, failures: dict[int, BaseException] | None = None) -> Columns:
+        """The model's input columns made by ``fn`` from ``columns`` (one batch).
+
+        If ``fn`` raises, the batch is retried in parts (:mod:`.isolation`): with
+        ``failures`` (a dict) the rows it raises on alone are recorded there (row ->
+        exception) and come out as null rows; without it, a :class:`PreprocessError`
+        names the first such row."""
+        frame = to_frame(columns)
+        n = len(frame)
+
+        def call(a: int, b: int) -> Any:
+            return self.fn(frame if (a, b) == (0, n) else frame.iloc[a:b].reset_index(drop=True))
+
+        try:
+            result = call(0, n)
+        except Exception as exc:  # a row fn cannot take, perhaps: find it
+            if failures is None:
+                raise self._raised(call, n, exc, list(frame.columns), where, first_row) from None
+            found = isolate(call, 0, n, exc)
+        else:
+            return self._made(result, n, signature)
+        failures.update(found.failures)
+        return _stitched([(a, b, self._made(r, b - a, signature)) for a, b, r in found.parts],
+                         n, signature)
+
+    def _made(self, result: Any, n: int, signature: Signature) -> Columns:
         import pandas as pd
 
         from .columns import from_frame, from_numpy
 
-        frame = to_frame(columns)
-        n = len(frame)
-        try:
-            result = self.fn(frame)
-        except Exception as exc:
-            raise PreprocessError(
-                f"the preprocess function {self.name} raised on rows {first_row}-"
-                f"{first_row + n - 1} of this {where}: {type(exc).__name__}: {exc}") from exc
         made = from_frame(result, None, signature) if isinstance(result, pd.DataFrame) \
             else from_numpy(result, signature)
         for col in _flat(made):
@@ -81,6 +98,50 @@ class Preprocess:
                     f"the preprocess function {self.name} returned {len(col.array)} rows for "
                     f"input {col.name!r}, from a batch of {n} rows: it must return one row per row")
         return made
+
+    def _raised(self, call: Callable[[int, int], Any], n: int, exc: Exception,
+                names: list[Any], where: str, first_row: int) -> PreprocessError:
+        """The error naming the first row ``fn`` raises on alone (the batch's rows when
+        no single row fails)."""
+        first = first_failure(call, 0, n, exc)
+        row, cause = first if first is not None else (None, exc)
+        rows = f"row {first_row + row}" if row is not None \
+            else f"rows {first_row}-{first_row + n - 1}"
+        error = PreprocessError(
+            f"the preprocess function {self.name} raised on {rows} of this {where} "
+            f"({columns_text(names)}): {reason_text(cause)}")
+        error.__cause__ = cause
+        return error
+
+
+def _stitched(parts: list[tuple[int, int, Columns]], n: int, signature: Signature) -> Columns:
+    """The columns ``fn`` made for the parts of a batch that it did not raise on, put back
+    in row order with null rows where it raised (every input null if it raised on all)."""
+    import pyarrow as pa
+
+    from .columns import Column
+
+    if not parts:
+        return [Column(spec.name, pa.nulls(n)) for spec in signature.inputs]
+
+    def stitch(j: int, pieces: list[tuple[int, int, Sequence[Column]]]) -> Column:
+        col = pieces[0][2][j]
+        arrays, at = [], 0
+        for a, b, made in pieces:
+            if a > at:
+                arrays.append(pa.nulls(a - at, col.array.type))
+            array = made[j].array
+            arrays.append(array if array.type == col.array.type else array.cast(col.array.type))
+            at = b
+        if at < n:
+            arrays.append(pa.nulls(n - at, col.array.type))
+        return Column(col.name, pa.concat_arrays(arrays), col.parts)
+
+    first = parts[0][2]
+    if isinstance(first, Mapping):
+        return {key: [stitch(j, [(a, b, made[key]) for a, b, made in parts])
+                      for j in range(len(group))] for key, group in first.items()}
+    return [stitch(j, parts) for j in range(len(first))]  # type: ignore[arg-type]
 
 
 def to_frame(columns: Columns) -> pd.DataFrame:
