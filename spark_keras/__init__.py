@@ -5,7 +5,7 @@ Importing this package does not import TensorFlow or PySpark; they load on first
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .cache import cache_info, configure_cache  # noqa: E402
 from .errors import (  # noqa: E402

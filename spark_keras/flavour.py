@@ -12,7 +12,9 @@ no other module branches on the flavour:
 * :class:`TfKerasRuntime`: legacy tf-keras 2.x (always on TensorFlow).
 
 Every runtime has ``name`` (``"keras3"`` or ``"tf_keras"``, as in payload headers),
-``version``, ``backend`` and ``module`` (the imported ``keras`` or ``tf_keras``).
+``version``, ``backend`` and ``module`` (the imported ``keras`` or ``tf_keras``). The
+payload layer picks its model state module by ``name`` (``spark_keras.payload.state``);
+this module imports nothing of it.
 """
 
 from __future__ import annotations
@@ -46,11 +48,6 @@ class Runtime:
     legacy: ClassVar[bool] = False  # tf-keras 2.x
     shares_weights: ClassVar[bool] = False  # variables can adopt a mapped payload's memory
     how_to_use: ClassVar[str]  # a hint telling how to make a process use this flavour
-
-    @property
-    def state(self) -> ModuleType:
-        """The module capturing and rebuilding a model's state (``payload.*_state``)."""
-        raise NotImplementedError
 
     def flatten(self, structure: Any) -> list[Any]:
         """The leaves of a nested structure of tensors (dicts in sorted-key order)."""
@@ -105,12 +102,6 @@ class Keras3Runtime(Runtime):
     how_to_use = ("unset TF_USE_LEGACY_KERAS (or set it to 0) so Keras 3 is used (on Spark: "
                   "spark.executorEnv.TF_USE_LEGACY_KERAS=0)")
 
-    @property
-    def state(self) -> ModuleType:
-        from .payload import keras3_state
-
-        return keras3_state
-
     def flatten(self, structure: Any) -> list[Any]:
         return self.module.tree.flatten(structure)
 
@@ -141,12 +132,6 @@ class TfKerasRuntime(Runtime):
                   "spark.executorEnv.TF_USE_LEGACY_KERAS=1 and spark.yarn.appMasterEnv / "
                   "driver env)")
 
-    @property
-    def state(self) -> ModuleType:
-        from .payload import tf_keras_state
-
-        return tf_keras_state
-
     def flatten(self, structure: Any) -> list[Any]:
         import tensorflow as tf
 
@@ -163,11 +148,6 @@ class TfKerasRuntime(Runtime):
     def compile_call(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]
                      ) -> CompiledCall:
         return _traced_call(fn, input_specs)
-
-    def load_model(self, path: str, *, custom_objects: Mapping[str, Any] | None,
-                   safe_mode: bool) -> Any:
-        self.state.quiet_autograph(custom_objects)  # classes shipped by value: no warnings
-        return super().load_model(path, custom_objects=custom_objects, safe_mode=safe_mode)
 
 
 _KERAS3_BY_BACKEND: dict[str, type[Keras3Runtime]] = {"tensorflow": Keras3TensorFlowRuntime}

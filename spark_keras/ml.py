@@ -66,6 +66,7 @@ from . import __version__, storage
 from .errors import ArgumentError, ArgumentTypeError, PayloadError, SparkKerasError, StorageError
 from .inference.engine import ON_INVALID
 from .inference.predictor import DEFAULT_BATCH_SIZE
+from .payload.stored import open_model
 from .spark.transport import is_connect
 
 if TYPE_CHECKING:
@@ -390,7 +391,7 @@ class _ModelSource:
                          "safe_mode": self._options["safe_mode"]}
         if self._payload is not None:
             return codec.loads(self._payload, **loads_options)
-        return storage.open_model(self._location, **loads_options)[0]
+        return open_model(self._location, **loads_options)[0]
 
     def payload(self) -> bytes:
         """The model's payload, for saving: the bytes or payload file given as is; a
@@ -403,9 +404,9 @@ class _ModelSource:
             data = storage.read(self._location)
             if codec.is_payload(data):
                 return data
-            return storage.open_model(self._location,  # a .keras file, converted
-                                      custom_objects=self._options["custom_objects"],
-                                      safe_mode=self._options["safe_mode"])[1]
+            return open_model(self._location,  # a .keras file, converted
+                              custom_objects=self._options["custom_objects"],
+                              safe_mode=self._options["safe_mode"])[1]
         if self._model is not None:
             return codec.dumps(self._model, custom_objects=self._options["custom_objects"])
         recipe = getattr(self._given, "_recipe", None)

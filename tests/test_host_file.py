@@ -23,6 +23,7 @@ import spark_keras as sk
 from spark_keras import storage
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment
+from spark_keras.payload.stored import open_model
 
 from . import models
 
@@ -100,7 +101,7 @@ def test_a_stored_model_that_cannot_be_written_here_names_the_local_folder(tmp_p
     """Reading the URI succeeded; writing the executor's folder failed: the error is
     about the folder, not "cannot read model file"."""
     sk.save(models.mlp(64, 256, 2), tmp_path / "m.skp")
-    _, payload, stored = storage.open_model(f"file://{tmp_path}/m.skp")
+    _, payload, stored = open_model(f"file://{tmp_path}/m.skp")
     folder = tmp_path / "disk"
     with failing_folder(folder, "full"):
         with pytest.raises(sk.StorageError) as info:

@@ -18,7 +18,7 @@ import pytest
 import spark_keras as sk
 from spark_keras.inference import predictor_for
 from spark_keras.ml import KerasTransformer
-from spark_keras.storage import body_digest
+from spark_keras.payload.stored import body_digest
 
 from . import models
 from .conftest import REPO_ROOT, builds_by_worker

@@ -5,6 +5,9 @@ once per executor, checked against the digest the driver read."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 import spark_keras as sk
 from spark_keras import storage
 from spark_keras.inference import predictor_for
+from spark_keras.payload.stored import StoredModel, body_digest, open_model
 
 from . import models
 from .conftest import builds_by_worker, worker_cache_infos
@@ -45,24 +49,24 @@ def test_open_model_reads_payloads_and_keras_files_from_paths_and_uris(tmp_path)
     x = np.random.default_rng(0).standard_normal((5, 4)).astype("float32")
 
     for where in (str(tmp_path / "m.skp"), tmp_path / "m.keras"):
-        loaded, data, stored = storage.open_model(where)
+        loaded, data, stored = open_model(where)
         assert stored is None and sk.is_payload(data)
         np.testing.assert_array_equal(loaded(x), model(x))
 
-    loaded, data, stored = storage.open_model(f"file://{tmp_path}/m.skp")
+    loaded, data, stored = open_model(f"file://{tmp_path}/m.skp")
     assert data == payload
-    assert stored == storage.StoredModel(f"file://{tmp_path}/m.skp", "payload", len(payload),
-                                         storage.body_digest(payload))
-    loaded, data, stored = storage.open_model(f"file://{tmp_path}/m.keras")
+    assert stored == StoredModel(f"file://{tmp_path}/m.skp", "payload", len(payload),
+                                 body_digest(payload))
+    loaded, data, stored = open_model(f"file://{tmp_path}/m.keras")
     assert stored.kind == "keras" and stored.nbytes == len(data)
-    assert stored.digest == storage.body_digest(data)
+    assert stored.digest == body_digest(data)
     np.testing.assert_array_equal(loaded(x), model(x))
 
 
 def test_a_worker_writes_the_same_payload_and_refuses_a_changed_file(tmp_path):
     model = models.mlp(4, 8, 2)
     model.save(tmp_path / "m.keras")
-    _, payload, stored = storage.open_model(f"file://{tmp_path}/m.keras")
+    _, payload, stored = open_model(f"file://{tmp_path}/m.keras")
     with open(tmp_path / "out.skp", "w+b") as out:  # the .keras file converted again
         stored.write_payload(out)
     assert (tmp_path / "out.skp").read_bytes() == payload
@@ -75,22 +79,48 @@ def test_a_worker_writes_the_same_payload_and_refuses_a_changed_file(tmp_path):
 
 def test_missing_and_foreign_files_are_named(tmp_path, s3):
     with pytest.raises(sk.StorageError, match=r"model file '.*nope.skp' does not exist"):
-        storage.open_model(tmp_path / "nope.skp")
+        open_model(tmp_path / "nope.skp")
     with pytest.raises(sk.StorageError, match=r"model file 'file://.*nope.skp' does not exist"):
-        storage.open_model(f"file://{tmp_path}/nope.skp")
+        open_model(f"file://{tmp_path}/nope.skp")
     with pytest.raises(sk.StorageError, match=r"model file 's3://models/absent.skp.*' does not exist"):
-        storage.open_model(s3.uri("absent.skp"))
+        open_model(s3.uri("absent.skp"))
     with pytest.raises(sk.StorageError, match="cannot open model URI 'nosuch://x/m.skp'"):
-        storage.open_model("nosuch://x/m.skp")
+        open_model("nosuch://x/m.skp")
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(sk.PayloadError, match="notes.txt' is neither a spark_keras payload nor a .keras"):
-        storage.open_model(f"file://{tmp_path}/notes.txt")
+        open_model(f"file://{tmp_path}/notes.txt")
     import zipfile
 
     with zipfile.ZipFile(tmp_path / "broken.keras", "w") as archive:  # a zip, not a model
         archive.writestr("config.json", "{not json")
     with pytest.raises(sk.PayloadError, match=r"Keras cannot load the .keras file '.*broken.keras'"):
-        storage.open_model(tmp_path / "broken.keras")
+        open_model(tmp_path / "broken.keras")
+
+
+def _modules_imported(module: str) -> set[str]:
+    """The spark_keras modules ``import module`` loads in a fresh interpreter, the
+    package's ``__init__`` left out (it imports the public API of every layer)."""
+    code = textwrap.dedent(f"""
+        import importlib, importlib.util, sys, types
+        package = types.ModuleType("spark_keras")  # the package, without its __init__
+        package.__path__ = importlib.util.find_spec("spark_keras").submodule_search_locations
+        sys.modules["spark_keras"] = package
+        importlib.import_module({module!r})
+        print(" ".join(sorted(n for n in sys.modules if n.startswith("spark_keras."))))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return set(out.stdout.split())
+
+
+def test_storage_and_flavour_import_nothing_of_the_payload_layer():
+    storage_needs = _modules_imported("spark_keras.storage")
+    assert storage_needs == {"spark_keras.storage", "spark_keras.errors"}, storage_needs
+    flavour_needs = _modules_imported("spark_keras.flavour")
+    assert "spark_keras.flavour" in flavour_needs
+    assert not [m for m in flavour_needs if m.startswith("spark_keras.payload")], flavour_needs
+    # the payload layer stands on its own, whatever the package's __init__ imports first
+    assert "spark_keras._version" in _modules_imported("spark_keras.payload.stored")
 
 
 # --- on Spark ---------------------------------------------------------------------------

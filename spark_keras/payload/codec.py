@@ -15,11 +15,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import __version__, flavour
+from .. import flavour
+from .._version import __version__
 from ..errors import PayloadError
 from ..storage import write_local
 from . import format as fmt
-from . import mapped, round_trip
+from . import mapped, round_trip, state
 
 logger = logging.getLogger("spark_keras")
 
@@ -42,11 +43,11 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
             subclassed model without ``get_config`` whose auto-config loses arguments).
     """
     fl = flavour.current()
-    state = fl.state
-    state.check_model_type(model)
-    config = state.serialize_config(model)
+    flavour_state = state.of(fl)
+    flavour_state.check_model_type(model)
+    config = flavour_state.serialize_config(model)
     compile_config = config.pop("compile_config", None) if isinstance(config, dict) else None
-    entries, assets = state.capture_state(model, include_optimizer=include_optimizer)
+    entries, assets = flavour_state.capture_state(model, include_optimizer=include_optimizer)
 
     pieces: list[tuple[fmt.Section, Any]] = [
         (fmt.Section("config", "config", 0, 0), _json_bytes(config, "model config")),
@@ -103,10 +104,10 @@ def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
     try:
         config, entries, assets = _read_sections(unpacked)
         sharing = {"share_weights": True} if share_weights and flavour.current().shares_weights else {}
-        model = flavour.current().state.rebuild(config, entries, assets,
-                                                custom_objects=dict(custom_objects or {}),
-                                                safe_mode=safe_mode,
-                                                before_state=body_check.wait, **sharing)
+        model = state.current().rebuild(config, entries, assets,
+                                        custom_objects=dict(custom_objects or {}),
+                                        safe_mode=safe_mode,
+                                        before_state=body_check.wait, **sharing)
     except Exception as exc:
         body_check.wait()  # a corrupted body explains any failure best
         if isinstance(exc, PayloadError):

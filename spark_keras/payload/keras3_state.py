@@ -236,6 +236,11 @@ def rebuild(config: dict[str, Any], entries: Entries, assets: Assets, *,
 
 # --- checks used by dumps --------------------------------------------------------------
 
+def quiet_autograph(objects: Any) -> None:
+    """Nothing to do: Keras 3 does not convert a layer's ``call`` with AutoGraph (tf-keras
+    does; its state module quiets it for shipped classes)."""
+
+
 def check_model_type(model: Any) -> None:
     import keras
 

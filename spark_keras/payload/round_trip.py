@@ -14,12 +14,13 @@ import numpy as np
 
 from .. import flavour
 from ..errors import ModelError, PayloadError
+from . import state
 
 
 def relies_on_auto_config(model: Any) -> bool:
     """A subclassed model using Keras's auto-config whose constructor takes arguments:
     its config may not bring it back (check it with :func:`verify`)."""
-    return flavour.current().state.has_default_config(model) \
+    return state.current().has_default_config(model) \
         and constructor_takes_arguments(type(model))
 
 

@@ -14,7 +14,7 @@ from ..inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature
 from ..payload.shipment import Shipment
-from ..storage import StoredModel, open_model
+from ..payload.stored import StoredModel, open_model
 from . import resources
 from .environment import check_daemon
 from .transport import Transport, is_connect, transport_for

@@ -28,7 +28,7 @@ from .. import flavour
 from ..errors import PayloadError, SparkKerasError
 from ..payload import host_file
 from ..payload.shipment import Shipment
-from ..storage import StoredModel
+from ..payload.stored import StoredModel
 
 
 def is_connect(spark: Any) -> bool:
