@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 from typing import Any, BinaryIO, Callable
 
 from .errors import StorageError
@@ -111,12 +112,15 @@ def write_local(path: str | os.PathLike, data: Any) -> None:
 
 
 def write_atomically(path: str, write: Callable[[BinaryIO], Any]) -> None:
-    """Create ``path`` whole or not at all: ``write(file)`` fills ``<path>.tmp-<pid>``,
-    which is then renamed to ``path``. On any failure (of ``write``, of the disk) the
+    """Create ``path`` whole or not at all: ``write(file)`` fills a temporary file of
+    this call's own, ``<path>.tmp-<pid>-<random>``, which is then renamed to ``path``.
+    Writers racing for one path, in threads or processes, each rename a whole file of
+    theirs: the last rename wins. On any failure (of ``write``, of the disk) the
     temporary file is removed and the error raised as it is."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    f = open(tmp, "x+b")  # never another writer's file (nothing to remove if it fails)
     try:
-        with open(tmp, "w+b") as f:
+        with f:
             write(f)
         os.replace(tmp, path)
     except BaseException:

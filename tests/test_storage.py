@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -95,6 +96,51 @@ def test_missing_and_foreign_files_are_named(tmp_path, s3):
         archive.writestr("config.json", "{not json")
     with pytest.raises(sk.PayloadError, match=r"Keras cannot load the .keras file '.*broken.keras'"):
         open_model(tmp_path / "broken.keras")
+
+
+def _race(writers: int, rounds: int, save) -> list[BaseException]:
+    """``writers`` threads calling ``save(writer)`` ``rounds`` times, each round started
+    together; the errors they raised."""
+    barrier = threading.Barrier(writers)
+    errors: list[BaseException] = []
+
+    def run(writer: int) -> None:
+        for _ in range(rounds):
+            barrier.wait()
+            try:
+                save(writer)
+            except BaseException as exc:  # collected: the test names them all
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return errors
+
+
+def test_threads_writing_one_path_each_leave_a_whole_file(tmp_path):
+    """Threads of one process share a pid: each atomic write needs a temporary file of
+    its own, or one thread's rename takes another's half-written file (or fails)."""
+    path = tmp_path / "m.skp"
+    versions = [bytes([w]) * (2 * 2**20 + w) for w in range(8)]  # 2 MB, each its own size
+    errors = _race(8, 5, lambda w: storage.write_local(path, versions[w]))
+    assert not errors, errors
+    assert path.read_bytes() in versions
+    assert os.listdir(tmp_path) == ["m.skp"]  # no temporary file left
+
+
+def test_threads_saving_models_to_one_path_leave_one_loadable_model(tmp_path):
+    path = tmp_path / "m.skp"
+    writers = [models.mlp(64, 512, 2) for _ in range(6)]
+    payloads = [sk.dumps(m) for m in writers]
+    errors = _race(len(writers), 3, lambda w: sk.save(writers[w], path))
+    assert not errors, errors
+    which = payloads.index(path.read_bytes())  # whole: one of the models, bit for bit
+    x = np.ones((2, 64), "float32")
+    np.testing.assert_array_equal(sk.load(path)(x), writers[which](x))
+    assert os.listdir(tmp_path) == ["m.skp"]
 
 
 def _modules_imported(module: str) -> set[str]:
