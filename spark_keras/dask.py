@@ -95,11 +95,10 @@ class DaskModel(ModelHandle):
 
     def __init__(self, key: str, nbytes: int, *, model: Any = None, client: Any = None,
                  preprocess: Preprocess | None = None) -> None:
-        self._key, self._nbytes, self._preprocess = key, nbytes, preprocess
-        self._model, self._client = model, client  # both None once unpickled
-        self._signature: Signature | None = None
+        super().__init__(key, nbytes, model=model, preprocess=preprocess)
+        self._client = client  # None once unpickled, as the model
 
-    def _build(self) -> tuple:
+    def build_model(self) -> tuple:
         return self._plugin().build()
 
     def release(self) -> None:

@@ -1,10 +1,11 @@
-"""What Spark's BroadcastModel and Dask's DaskModel share: a model that is the original
-object on the driver and, in a worker process, the rebuild cached by :mod:`spark_keras.cache`."""
+"""What Spark's BroadcastModel, Dask's DaskModel and the pool's PoolModel share: a model
+that is the original object on the driver and, in a worker process, the rebuild cached by
+:mod:`spark_keras.cache`; the extension point for another front-end."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from .cache import model_cache
 from .inference.predictor import Predictor, predictor_for
@@ -13,14 +14,65 @@ from .inference.signature import Signature, signature_of
 
 
 class ModelHandle:
-    """Subclasses set ``_key`` (from :meth:`new_key`), ``_nbytes``, ``_model`` (None in
-    workers) and ``_signature``, and implement :meth:`_build`."""
+    """A model shipped to worker processes, as the scoring engine
+    (:func:`spark_keras.inference.engine.score`) and the Spark front-ends take it.
+
+    A new front-end (another cluster, another way of carrying the payload) subclasses it:
+
+    * ``__init__`` calls ``super().__init__(key, nbytes, model=model, preprocess=...)``
+      with a key from :meth:`new_key` and the payload's size; ``model`` is the Keras
+      model on the driver and ``None`` in a worker (a handle unpickled there).
+    * :meth:`build_model` (required): in a worker, rebuild the model from what was
+      shipped to this process, for instance with
+      :meth:`~spark_keras.payload.shipment.Shipment.build` or
+      :meth:`~spark_keras.payload.shipment.Shipment.build_shared`; it returns
+      ``(model, nbytes)`` or ``(model, nbytes, memory)`` (see
+      :meth:`~spark_keras.cache.ModelCache.get_or_build`).
+    * :meth:`check_usable` (optional): raise if the handle can no longer give a model
+      (released, say); it runs in a worker before each use of the model.
+    * Pickling is the subclass's: what a task carries must not hold the driver's model
+      (``model=None`` once unpickled), only what :meth:`build_model` needs to find the
+      payload in the worker (the payload itself, or where it waits).
+
+    In return the subclass gets :attr:`key`, :attr:`nbytes`, :attr:`preprocess`,
+    :attr:`value` (the driver's model, or the worker's rebuild: built once per process
+    and key, and cached), :attr:`predictor` (the compiled inference function the engine
+    calls) and :attr:`signature` (the driver's, or read from the rebuilt model).
+
+    Args:
+        key: the cache key, unique per shipment (:meth:`new_key`).
+        nbytes: the size of the shipped payload in bytes.
+        model: the Keras model, on the driver; ``None`` in a worker.
+        signature: the model's signature if known (else read from the model on use).
+        preprocess: a function run on each batch before the model (``preprocess=``).
+    """
 
     _key: str
     _nbytes: int
     _model: Any
     _signature: Signature | None
     _preprocess: Preprocess | None = None
+
+    def __init__(self, key: str, nbytes: int, *, model: Any = None,
+                 signature: Signature | None = None,
+                 preprocess: Callable[[Any], Any] | Preprocess | None = None) -> None:
+        self._key, self._nbytes, self._model = key, nbytes, model
+        self._signature = signature
+        self._preprocess = Preprocess.of(preprocess)
+
+    def build_model(self) -> tuple:
+        """In a worker: ``(model, nbytes)`` or ``(model, nbytes, memory)``, rebuilt from
+        what was shipped to this process. Called once per process and key (again after
+        a cache eviction).
+
+        Raises:
+            NotImplementedError: the subclass did not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements build_model()")
+
+    def check_usable(self) -> None:
+        """Called in a worker before each use of the model: raise if this handle can no
+        longer give one (released, say), and release what the driver said to release."""
 
     @property
     def preprocess(self) -> Preprocess | None:
@@ -46,11 +98,11 @@ class ModelHandle:
     @property
     def value(self) -> Any:
         """The Keras model: the original on the driver; in a worker, built once per
-        process and cached."""
+        process (:meth:`build_model`) and cached."""
         if self._model is not None:
             return self._model
-        self._check_usable()
-        return model_cache.get_or_build(self._key, self._build).value
+        self.check_usable()
+        return model_cache.get_or_build(self._key, self.build_model).value
 
     @property
     def predictor(self) -> Predictor:
@@ -64,11 +116,3 @@ class ModelHandle:
             self._signature = signature_of(self._model) if self._model is not None \
                 else self.predictor.signature
         return self._signature
-
-    def _check_usable(self) -> None:
-        """Called before each use in a worker: raise if this handle can no longer give a
-        model (released, say), and release what the driver said to release."""
-
-    def _build(self) -> tuple[Any, int]:
-        """``(model, nbytes)`` rebuilt from what was shipped to this process."""
-        raise NotImplementedError

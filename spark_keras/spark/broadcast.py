@@ -24,7 +24,7 @@ logger = logging.getLogger("spark_keras")
 # Keys of BroadcastModels released on this driver, each with the class of the transport
 # that shipped it; every handle shipped afterwards carries them, and a worker using any
 # handle first drops those models and has their own transport forget their files (see
-# _check_usable).
+# check_usable).
 _released: collections.deque[tuple[str, type[Transport]]] = collections.deque(maxlen=256)
 # In a worker: released keys already dropped here
 _dropped: set[str] = set()
@@ -108,7 +108,8 @@ class BroadcastModel(ModelHandle):
 
     # --- the model (key, nbytes, value, predictor, signature: see ModelHandle) ---------
 
-    def _check_usable(self) -> None:
+    def check_usable(self) -> None:
+        """Raise if destroyed; drop what the driver had released (:meth:`release_stale`)."""
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
         self.release_stale()
@@ -150,13 +151,14 @@ class BroadcastModel(ModelHandle):
         return predictor if placement.device == resources.CPU else resources.OnDevice(predictor, placement)
 
     def _placed(self) -> tuple[Any, resources.Placement]:
-        self._check_usable()
+        self.check_usable()
         placement = resources.task_placement()  # sizes TensorFlow's pools first, once
         key = self._key + placement.key_suffix
-        entry = model_cache.get_or_build(key, lambda: self._build(placement))
+        entry = model_cache.get_or_build(key, lambda: self.build_model(placement))
         return entry.value, placement
 
-    def _build(self, placement: resources.Placement | None = None) -> tuple:
+    def build_model(self, placement: resources.Placement | None = None) -> tuple:
+        """The model built from the transport's payload, on ``placement``'s device."""
         placement = placement or resources.Placement()
         with placement.scope():
             model, nbytes, memory = self._transport.build(self._recipe, self._key, self._nbytes,
@@ -185,7 +187,7 @@ class BroadcastModel(ModelHandle):
         """
         from . import scoring  # pyarrow loads with it, on first use: this module does not load it
 
-        self._check_usable()
+        self.check_usable()
         return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
                           on_invalid=on_invalid)
 
@@ -217,7 +219,7 @@ class BroadcastModel(ModelHandle):
         and ``build_seconds``."""
         from . import scoring
 
-        self._check_usable()
+        self.check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                                  on_invalid=on_invalid, profile=profile, error_col=error_col,
                                  observe=observe)
