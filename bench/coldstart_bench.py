@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .harness import pss_mb
 from .report import coldstart_goal
 from .sessions import local_session, start_seconds
 
@@ -57,18 +58,6 @@ RATIO = "daemon / stock"
 def parent_command() -> str:
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode().strip()
-
-
-def pss_mb() -> dict[str, float]:
-    """This process's PSS from /proc/self/smaps_rollup, MB: ``Pss`` and, where the kernel
-    reports them, ``Pss_Anon`` and ``Pss_File``."""
-    found = {}
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in ("Pss", "Pss_Anon", "Pss_File"):
-                found[name] = int(rest.split()[0]) / 1024
-    return found
 
 
 def whoami() -> dict[str, Any]:
@@ -198,7 +187,7 @@ def measure_session(label: str, models: dict[str, Any], shapes: dict[str, tuple[
                     into: Measured, tiny: Any) -> None:
     """One session of daemon ``label``: the first job (through ``tiny``), warm-up, cold
     starts of every model, transform."""
-    from .scoring_bench import check_predictions, expected_predictions, make_frame
+    from .frames import check_predictions, expected_predictions, make_frame
 
     module = DAEMONS[label]
     spark = session(module, reports)
@@ -360,7 +349,7 @@ def run(quick: bool = False) -> list[dict]:
     import keras
 
     from .models import actor_model, mlp_model
-    from .scoring_bench import Workload
+    from .frames import Workload
 
     models = {"MLP": mlp_model(), "CNN": actor_model()}
     tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # the first job's

@@ -29,7 +29,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .models import mlp_model
-from .scoring_bench import PredictionMismatch, Workload, make_frame, sample
+from .frames import PredictionMismatch, Workload, make_frame
+from .harness import rows_per_second, sample
 from .sessions import local_session
 
 FEATURES, BATCH, PARTITIONS = 64, 1024, 4
@@ -72,13 +73,13 @@ def best_of(times: int, action: Callable[[], Any], before: Callable[[], Any] = l
 def raw_rows_per_second(model, x: np.ndarray, seconds: float) -> float:
     """``model(x, training=False)`` on numpy batches in this process, for ``seconds``."""
     x = x[: 20 * BATCH]
-    np.asarray(model(x[:BATCH], training=False))  # build, warm up
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+
+    def batches() -> None:
         for i in range(0, len(x), BATCH):
             np.asarray(model(x[i:i + BATCH], training=False))
-        done += len(x)
-    return done / (time.perf_counter() - start)
+
+    return rows_per_second(batches, len(x), seconds,
+                           first=lambda: np.asarray(model(x[:BATCH], training=False)))  # build, warm up
 
 
 def spark_predict_partition(model, rows: int, runs: int = 2) -> float:

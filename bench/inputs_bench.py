@@ -9,7 +9,7 @@ size) and against a hand-written ``mapInArrow`` (the Arrow column to one ``tf.st
 tensor, a cached ``tf.function`` of the model): the best case, the target being transform
 within 10% of it. One Spark session, one cached DataFrame per workload; each method is
 built once, then the methods take turns, each run following a warm-up on the sample rows
-(:func:`.scoring_bench.time_action`), best of the rounds. The first warm-up's predictions
+(:func:`.harness.in_turns`), best of the rounds. The first warm-up's predictions
 are checked against the model called directly on the same rows.
 
 Variable-length sequences: a GRU (``Input((None, 3))``) scored by transform on sequences
@@ -21,7 +21,6 @@ batch of each kind grouped by length by hand (one call per length).
 from __future__ import annotations
 
 import functools
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -29,21 +28,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import models
+from .frames import Expected, Workload, check_predictions
+from .harness import in_turns, rows_per_second, sample
 from .scoring_bench import (
     BEST_CASE,
     IDENTITY,
     PREDICT_BATCH_UDF,
     TRANSFORM,
-    Expected,
-    Workload,
-    check_predictions,
+    arrow_prediction,
     method_identity,
     method_transform,
-    sample,
-    session,
     table_rows,
-    time_action,
 )
+from .sessions import scoring_session
 
 # Workload names, which the targets pick rows by (report.inputs_targets)
 TEXT, IMAGE, GRU = "text", "image", "GRU"
@@ -163,16 +160,6 @@ def by_length(call: Callable[[Any], np.ndarray], rows: Sequence[np.ndarray]) -> 
     return out
 
 
-def raw_rows_per_second(predict: Callable[[], Any], rows: int, seconds: float) -> float:
-    """Rows/s of ``predict()`` (``rows`` rows per call) in this process, after one call."""
-    predict()
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        predict()
-        done += rows
-    return done / (time.perf_counter() - start)
-
-
 def expected(call: Callable[[Any], np.ndarray], df, column: str, batch_size: int) -> Expected:
     """The model called directly (``call``, see :func:`compiled`) on the sample rows of ``df``."""
     table = sample(df).select("id", column).toArrow().sort_by("id")
@@ -230,8 +217,6 @@ def method_best_case(spark, model, workload: Workload, column: str):
     import pyarrow as pa
     from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
-    from .scoring_bench import _arrow_prediction
-
     bc = spark.sparkContext.broadcast((model.to_json(), model.get_weights()))
     key, batch_size = uuid.uuid4().hex, workload.batch_size
 
@@ -242,7 +227,7 @@ def method_best_case(spark, model, workload: Workload, column: str):
         for batch in batches:
             x = tf.constant(batch.column(column).to_numpy(zero_copy_only=False))
             y = batched(call, x, batch_size)
-            yield pa.RecordBatch.from_arrays([*batch.columns, _arrow_prediction(y, False)],
+            yield pa.RecordBatch.from_arrays([*batch.columns, arrow_prediction(y, False)],
                                              names=[*batch.schema.names, "prediction"])
 
     def scored(df):
@@ -259,21 +244,6 @@ def _methods(spark, model, workload: Workload, column: str) -> dict[str, Callabl
             IDENTITY: method_identity(spark, model, workload, None, [column])}
 
 
-def in_turns(methods: dict[str, Callable], df, rows: int, check: Callable[[str], Callable] | None,
-             rounds: int) -> dict[str, tuple[float, float]]:
-    """Rows/s and peak worker RSS of each method's best run, the methods taking turns for
-    ``rounds`` rounds; the first round checks each method's warm-up predictions with
-    ``check(method)`` (None for the identity)."""
-    best: dict[str, tuple[float, float]] = {}
-    for r in range(rounds):
-        for name, scored in methods.items():
-            checker = check(name) if check is not None and r == 0 and name != IDENTITY else None
-            seconds, rss = time_action(scored, df, checker, runs=1)
-            if name not in best or rows / seconds > best[name][0]:
-                best[name] = (rows / seconds, rss)
-    return best
-
-
 # --- the run ----------------------------------------------------------------------------------
 
 def _strings_rows(spark, workload: Workload, column: str, variant: str, values: list, size: Sizes) -> list[dict]:
@@ -286,10 +256,11 @@ def _strings_rows(spark, workload: Workload, column: str, variant: str, values: 
     call = compiled(model)
     want = expected(call, df, column, workload.batch_size)
     measured = in_turns(_methods(spark, model, workload, column), df, workload.rows,
-                        lambda name: functools.partial(check_predictions, f"{name} ({label})", expected=want),
+                        lambda name: None if name == IDENTITY else functools.partial(
+                            check_predictions, f"{name} ({label})", expected=want),
                         size.rounds)
     x = tf.constant(values[:workload.batch_size])
-    raw = raw_rows_per_second(lambda: call(x), len(x), size.raw_seconds)
+    raw = rows_per_second(lambda: call(x), len(x), size.raw_seconds)
     df.unpersist()
     return table_rows(label, variant, measured, raw)
 
@@ -316,7 +287,7 @@ def _length_rows(spark, size: Sizes, batch_size: int = 1024) -> list[dict]:
         df.unpersist()
         rng = np.random.default_rng(0)
         batch = [rng.standard_normal((lengths[i % len(lengths)], 3)).astype(np.float32) for i in range(batch_size)]
-        raw = raw_rows_per_second(functools.partial(by_length, call, batch), batch_size, size.raw_seconds)
+        raw = rows_per_second(functools.partial(by_length, call, batch), batch_size, size.raw_seconds)
         measured[variant] = {TRANSFORM: rps, RAW_BY_LENGTH: raw}
     equal = list(measured[next(iter(LENGTH_SETS))].values())
     return [{"workload": label, "input": variant, "method": method, "rows/s": rps, "x equal lengths": rps / base}
@@ -329,7 +300,7 @@ def run(quick: bool = False) -> tuple[list[dict], list[dict]]:
     import keras
 
     size = sizes(quick)
-    spark = session()
+    spark = scoring_session()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         text = Workload(TEXT, models.text_model, (), size.sentences, 1024, (STRINGS,))

@@ -27,20 +27,14 @@ when unrelated processes start or stop. The predictions are checked against
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
 from typing import Any, Callable, Iterator
 
-from .scoring_bench import (
-    Workload,
-    check_predictions,
-    expected_predictions,
-    make_frame,
-    session,
-    touch_keras,
-)
+from .frames import Workload, check_predictions, expected_predictions, make_frame
+from .harness import pss_kb, touch_keras
+from .sessions import scoring_session
 
 COPY, SHARED = "copy per worker", "shared file"
 MODES = {COPY: False, SHARED: True}  # label -> share_weights
@@ -65,27 +59,6 @@ def workload(quick: bool) -> Workload:
     if quick:
         return Workload("MLP", lambda: mlp(32, 256, 2), (32,), ROWS_PER_WORKER, 16, ("array",))
     return Workload("MLP", lambda: mlp(1024, 4096, 6), (1024,), ROWS_PER_WORKER, 16, ("array",))
-
-
-def pss_kb() -> dict[str, int]:
-    """This process's proportional set size in kB, by kind of memory: ``anon``
-    (anonymous), ``file`` (data files: the payload file) and ``code`` (files mapped
-    executable: the interpreter, shared libraries, with all their mappings)."""
-    by_path: collections.Counter[str] = collections.Counter()
-    code: set[str] = set()
-    path = ""
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if fields[0] == "Pss:":
-                by_path[path] += int(fields[1])
-            elif not fields[0].endswith(":"):  # a mapping: address perms offset dev inode [path]
-                path = " ".join(fields[5:]) if fields[4] != "0" else ""  # inode 0: anonymous
-                if path and "x" in fields[1]:
-                    code.add(path)
-    anon = by_path.pop("", 0)
-    return {"anon": anon, "code": sum(by_path[p] for p in code),
-            "file": sum(v for p, v in by_path.items() if p not in code)}
 
 
 def _warm_up(spark, workers: int) -> None:
@@ -144,7 +117,7 @@ def measure(model, work: Workload, workers: int, share_weights: bool) -> list[di
     import spark_keras as sk
 
     work = dataclasses.replace(work, rows=workers * work.rows)
-    spark = session(f"local[{workers}]")
+    spark = scoring_session(f"local[{workers}]")
     spark.sparkContext.setLogLevel("ERROR")
     try:
         df = make_frame(spark, work, "array", partitions=workers)

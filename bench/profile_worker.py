@@ -43,7 +43,10 @@ import time
 from typing import Callable
 
 from . import scoring_bench as sb
+from .frames import input_columns, make_frame, workloads
+from .harness import timed_run, warm_up, worker_pids
 from .report import table
+from .sessions import scoring_session
 
 # (stage, markers): a sample belongs to the stage of the first frame, read from the leaf
 # up, that contains one of its markers (py-spy frames read "function (path:line)").
@@ -108,7 +111,7 @@ def read_raw(path: str) -> collections.Counter:
 
 def profile_run(frame_fn: Callable, df, py_spy: str, rate: int, folder: str) -> tuple[collections.Counter, float]:
     """Samples per stage over all workers during one run of ``frame_fn(df)``, and its seconds."""
-    pids = sb._worker_pids(workers_only=True)
+    pids = worker_pids(workers_only=True)
     procs, outs = [], []
     for pid in pids:
         out = os.path.join(folder, f"{pid}.txt")
@@ -118,7 +121,7 @@ def profile_run(frame_fn: Callable, df, py_spy: str, rate: int, folder: str) -> 
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         time.sleep(ATTACH_SECONDS)  # the recorders attach; every sample then is of this run
-        seconds, _ = sb.timed_run(frame_fn, df)
+        seconds, _ = timed_run(frame_fn, df)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGINT)
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
 
-    spark = sb.session()
+    spark = scoring_session()
     spark.sparkContext.setLogLevel("ERROR")
     import spark_keras
 
@@ -147,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"spark_keras imported from {spark_keras.__file__} (driver), {sorted(set(workers))} (workers)")
     rows = []
     try:
-        for workload in sb.workloads(args.quick):
+        for workload in workloads(args.quick):
             model = workload.build()
-            df = sb.make_frame(spark, workload, "array", partitions=2 if args.quick else 8)
-            cols = sb.input_columns(workload, "array")
+            df = make_frame(spark, workload, "array", partitions=2 if args.quick else 8)
+            cols = input_columns(workload, "array")
             batches = max(1, -(-workload.rows // BATCH_ROWS))
             for method in ("BroadcastModel.transform", "BroadcastModel.predict_udf"):
                 frame_fn = sb.METHODS[method](spark, model, workload, "array", cols)
-                sb.warm_up(frame_fn, df)
+                warm_up(frame_fn, df)
                 with tempfile.TemporaryDirectory() as folder:
                     counts, seconds = profile_run(frame_fn, df, args.py_spy, args.rate, folder)
                 busy = sum(n for stage, n in counts.items() if stage != IDLE) or 1

@@ -8,206 +8,22 @@ collected. The ceiling's two parts are timed the same way: the identity ``mapInA
 one of the interleaved methods, the raw model runs at the start of each round at its
 fastest call size (1,024, 4,096 or 10,000 rows).
 The warm-up's predictions are collected and compared with ``model.predict`` on the same
-rows: a method that disagrees stops the benchmark (:class:`PredictionMismatch`).
+rows: a method that disagrees stops the benchmark (:class:`.frames.PredictionMismatch`).
 Peak RSS per Python worker is read from /proc/<pid>/status (VmHWM), reset before each
-method through /proc/<pid>/clear_refs.
+method through /proc/<pid>/clear_refs (:mod:`.harness`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import sys
-import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .models import actor_model, mlp_model
-from .sessions import worker_paths
-
-
-
-@dataclass
-class Workload:
-    name: str
-    build: Callable[[], Any]
-    input_shape: tuple[int, ...]
-    rows: int
-    batch_size: int
-    variants: tuple[str, ...]  # "array", "scalars", "vector"
-
-
-def workloads(quick: bool) -> list[Workload]:
-    if quick:
-        return [Workload("MLP", mlp_model, (64,), 1_000, 256, ("array", "scalars", "vector")),
-                Workload("CNN", actor_model, (120, 160, 2), 16, 8, ("array",))]
-    return [Workload("MLP", mlp_model, (64,), 200_000, 1024, ("array", "scalars", "vector")),
-            Workload("CNN", actor_model, (120, 160, 2), 3_000, 64, ("array",))]
-
-
-# --- Python worker memory ----------------------------------------------------------------
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process."""
-    parents = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    return parents
-
-
-def _worker_pids(workers_only: bool = False) -> list[int]:
-    """This driver's PySpark Python processes (its JVM's daemons and the workers they
-    forked; no other session's), or only the workers."""
-    parents = _parents()
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-    pids, todo = [], list(children.get(os.getpid(), []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if b"python" in cmd and (b"daemon" in cmd or b"pyspark.worker" in cmd):
-            pids.append(pid)
-    if workers_only:
-        daemons = set(pids)
-        pids = [pid for pid in pids if parents.get(pid) in daemons]
-    return sorted(pids)
-
-
-def reset_peak_rss() -> None:
-    for pid in _worker_pids():
-        try:
-            with open(f"/proc/{pid}/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
-
-
-def peak_worker_rss_mb() -> float:
-    peak = 0
-    for pid in _worker_pids():
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        peak = max(peak, int(line.split()[1]))
-        except OSError:
-            pass
-    return peak / 1024
-
-
-# --- data ----------------------------------------------------------------------------------
-
-def make_frame(spark, workload: Workload, variant: str, partitions: int = 8):
-    """A cached DataFrame of random rows: one array column, scalar columns, or a Vector."""
-    from pyspark.ml.functions import array_to_vector
-    from pyspark.sql import functions as F
-
-    size = int(np.prod(workload.input_shape))
-    base = spark.range(workload.rows, numPartitions=partitions)
-    if variant == "scalars":
-        cols = [F.rand(seed=j).cast("double").alias(f"f{j}") for j in range(size)]
-        df = base.select("id", *cols)
-    else:
-        feats = F.transform(F.sequence(F.lit(1), F.lit(size)),
-                            lambda i: (F.rand(seed=7) * i / size).cast("float"))
-        df = base.select("id", feats.alias("features"))
-        if variant == "vector":
-            df = df.select("id", array_to_vector("features").alias("features"))
-    df = df.cache()
-    df.count()
-    return df
-
-
-def input_columns(workload: Workload, variant: str) -> list[str]:
-    if variant == "scalars":
-        return [f"f{j}" for j in range(int(np.prod(workload.input_shape)))]
-    return ["features"]
-
-
-def feature_array(variant: str, cols: list[str]):
-    """The input as one array<float> column: what predict_batch_udf needs (its error
-    message tells users to build it) and what the prediction check reads on the driver."""
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
-
-    if variant == "scalars":
-        return F.array(*cols).cast("array<float>")
-    if variant == "vector":
-        return vector_to_array("features", "float32")
-    return F.col("features")
-
-
-def sample(df):
-    """The warm-up and check rows: every 20th id (5%), from every partition."""
-    return df.where(df["id"] % 20 == 0)
-
-
-# --- the check: every method returns the model's own predictions ---------------------------
-
-class PredictionMismatch(AssertionError):
-    """A method's predictions differ from ``model.predict`` on the same rows."""
-
-
-@dataclass
-class Expected:
-    ids: np.ndarray      # sorted
-    outputs: np.ndarray  # (rows, values per row), in the order of ids
-
-
-def _column_values(column) -> np.ndarray:
-    """A float or array<float> Arrow column's values, flat (nulls as NaN, null lists dropped)."""
-    import pyarrow as pa
-
-    array = column.combine_chunks()
-    if pa.types.is_list(array.type):
-        array = array.flatten()
-    return array.to_numpy(zero_copy_only=False)
-
-
-def expected_predictions(model, df, workload: Workload, variant: str, cols: list[str]) -> Expected:
-    """``model.predict`` on the driver for the sample rows, read from the same cached
-    DataFrame (same ids, same F.rand features) the methods score."""
-    table = sample(df).select("id", feature_array(variant, cols).alias("x")).toArrow().sort_by("id")
-    x = _column_values(table.column("x")).reshape(-1, *workload.input_shape)
-    y = model.predict(x, batch_size=workload.batch_size, verbose=0)
-    return Expected(table.column("id").to_numpy(), y.reshape(len(x), -1))
-
-
-def check_predictions(method: str, got, expected: Expected, rtol: float = 1e-3,
-                      atol: float = 1e-4) -> None:
-    """Raise PredictionMismatch unless the Arrow table ``got`` (id, prediction) holds the
-    expected rows with the expected predictions."""
-    got = got.sort_by("id")
-    ids = got.column("id").to_numpy()
-    if not np.array_equal(ids, expected.ids):
-        raise PredictionMismatch(f"{method} returned {len(ids)} rows whose ids are not the "
-                                 f"{len(expected.ids)} rows it was given")
-    values = _column_values(got.column("prediction"))
-    if values.size != expected.outputs.size:
-        raise PredictionMismatch(f"{method} returned {values.size} prediction values for "
-                                 f"{len(ids)} rows; model.predict gives {expected.outputs.size}")
-    values = values.reshape(expected.outputs.shape)
-    close = np.isclose(values, expected.outputs, rtol=rtol, atol=atol).all(axis=1)
-    if not close.all():
-        i = int(np.argmin(close))
-        raise PredictionMismatch(
-            f"{method}: {int((~close).sum())} of {len(ids)} rows differ from model.predict on the "
-            f"same rows (rtol {rtol}, atol {atol}); first at id {ids[i]}: {values[i]} instead of "
-            f"{expected.outputs[i]}")
+from .frames import check_predictions, expected_predictions, feature_array, input_columns, make_frame, workloads
+from .harness import interleaved, rows_per_second, tf_baseline_rss_mb, warm_up
+from .sessions import scoring_session
 
 
 # --- the methods -----------------------------------------------------------------------------
@@ -336,7 +152,7 @@ def _arrow_features(batch, variant: str, cols: list[str], shape: tuple[int, ...]
     return column.flatten().to_numpy().astype(np.float32, copy=False).reshape(-1, *shape)
 
 
-def _arrow_prediction(y: np.ndarray, scalar: bool):
+def arrow_prediction(y: np.ndarray, scalar: bool):
     import pyarrow as pa
 
     values = pa.array(y.reshape(-1))
@@ -366,7 +182,7 @@ def method_best_case(spark, model, workload, variant, cols):
             # max(.., 1): an empty batch still makes one (empty) call, so concatenate has a part
             y = np.concatenate([call(x[i:i + batch_size]).numpy()
                                 for i in range(0, max(len(x), 1), batch_size)])
-            yield pa.RecordBatch.from_arrays([*batch.columns, _arrow_prediction(y, scalar)],
+            yield pa.RecordBatch.from_arrays([*batch.columns, arrow_prediction(y, scalar)],
                                              names=[*batch.schema.names, "prediction"])
 
     def frame(df):
@@ -418,98 +234,10 @@ def raw_rows_per_second(model, workload, seconds: float = 3.0) -> tuple[float, i
     x = np.random.default_rng(0).random((rows, *workload.input_shape), dtype=np.float32)
     best = (0.0, sizes[0])
     for size in sizes:
-        predictor([x[:size]], size)  # trace
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / len(sizes):
-            predictor([x], size)
-            done += rows
-        best = max(best, (done / (time.perf_counter() - start), size))
+        rate = rows_per_second(lambda: predictor([x], size), rows, seconds / len(sizes),
+                               first=lambda: predictor([x[:size]], size))  # (first: the tracing)
+        best = max(best, (rate, size))
     return best
-
-
-def warm_up(frame_fn, df, check: Callable[[Any], None] | None = None) -> None:
-    """Worker start, TensorFlow import, model build and tracing on the sample rows, whose
-    predictions are collected and given to ``check`` when there is one."""
-    warm = frame_fn(sample(df))
-    if check is None:
-        warm.write.format("noop").mode("overwrite").save()
-    else:
-        check(warm.toArrow())
-
-
-def timed_run(frame_fn, df) -> tuple[float, float]:
-    """Seconds for the whole DataFrame written to the ``noop`` sink, and the peak worker
-    RSS during it."""
-    reset_peak_rss()
-    start = time.perf_counter()
-    frame_fn(df).write.format("noop").mode("overwrite").save()
-    return time.perf_counter() - start, peak_worker_rss_mb()
-
-
-def interleaved(frames: dict[str, Callable], df, rounds: int,
-                before_round: Callable[[], None] | None = None) -> dict[str, tuple[float, float]]:
-    """Each method timed once per round, the methods interleaved so that a slow minute of
-    the machine hits them all alike: ``{name: (best seconds, largest peak RSS)}``.
-    ``before_round`` runs at the start of each round (the raw model's timing)."""
-    best: dict[str, tuple[float, float]] = {}
-    for _ in range(rounds):
-        if before_round is not None:
-            before_round()
-        for name, frame_fn in frames.items():
-            seconds, rss = timed_run(frame_fn, df)
-            old = best.get(name, (float("inf"), 0.0))
-            best[name] = (min(old[0], seconds), max(old[1], rss))
-    return best
-
-
-def time_action(frame_fn, df, check: Callable[[Any], None] | None = None,
-                runs: int = 2) -> tuple[float, float]:
-    """:func:`warm_up`, then time the whole DataFrame: best of ``runs`` for short runs
-    (under 8 s), else one; ``(seconds, peak worker RSS MB)``."""
-    warm_up(frame_fn, df, check)
-    times: list[float] = []
-    rss = 0.0
-    while not times or (len(times) < runs and times[0] < 8.0):
-        seconds, peak = timed_run(frame_fn, df)
-        times.append(seconds)
-        rss = max(rss, peak)
-    return min(times), rss
-
-
-def touch_keras() -> None:
-    """Import Keras (TensorFlow) and run one op: what every worker has mapped before a
-    model arrives."""
-    import keras
-
-    keras.ops.convert_to_numpy(keras.ops.ones((2, 2)) @ keras.ops.ones((2, 2)))
-
-
-def tf_baseline_rss_mb(spark) -> float:
-    """Peak RSS of a Python worker that imported TensorFlow/Keras and ran one op."""
-    def touch(_):
-        touch_keras()
-        return [0]
-
-    spark.sparkContext.parallelize(range(4), 4).mapPartitions(touch).collect()
-    reset_peak_rss()
-    spark.sparkContext.parallelize(range(4), 4).mapPartitions(touch).collect()
-    return peak_worker_rss_mb()
-
-
-def session(master: str = "local[2]"):
-    """A local session whose Python workers run this venv's Python, reused across tasks."""
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's Python
-    return (SparkSession.builder.master(master).appName("spark-keras-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.memory", "6g")
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.python.worker.reuse", "true")
-            .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-            .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
-            .config(map=worker_paths())
-            .getOrCreate())
 
 
 def table_rows(label: str, variant: str, measured: dict[str, tuple[float, float]],
@@ -536,7 +264,7 @@ def run(quick: bool = False) -> tuple[list[dict], dict]:
     start of each round; each method's best round counts, the ceiling's too."""
     import keras
 
-    spark = session()
+    spark = scoring_session()
     spark.sparkContext.setLogLevel("ERROR")
     rows: list[dict] = []
     facts: dict = {"tf_baseline_rss_mb": tf_baseline_rss_mb(spark)}

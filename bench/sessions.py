@@ -1,5 +1,6 @@
-"""What the cold-start and stream-rebuild benchmarks share: a local session with the
-settings of conf/spark-defaults.conf, and when a worker process was forked."""
+"""The benchmarks' local Spark sessions: the scoring section's, and one with the settings
+of conf/spark-defaults.conf (the cold-start and stream-rebuild benchmarks'); and when a
+worker process was forked."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ def start_seconds(pid: int | str = "self") -> float:
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
     return int(stat[stat.rindex(")") + 2:].split()[19]) / CLK_TCK  # field 22, starttime
+
+
+def scoring_session(master: str = "local[2]") -> Any:
+    """The scoring section's local session (also the inputs and memory sections'), whose
+    Python workers run this venv's Python, reused across tasks."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's Python
+    return (SparkSession.builder.master(master).appName("spark-keras-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.memory", "6g")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.python.worker.reuse", "true")
+            .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+            .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+            .config(map=worker_paths())
+            .getOrCreate())

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from bench.coldstart_bench import assert_identical
-from bench.memory_bench import pss_kb
+from bench.frames import Expected, PredictionMismatch, check_predictions
+from bench.harness import pss_kb
 from bench.report import TITLES, coldstart_goal, memory_targets, write_docs
-from bench.scoring_bench import Expected, PredictionMismatch, check_predictions
 
 from .conftest import REPO_ROOT
 
