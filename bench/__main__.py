@@ -20,10 +20,89 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path[:0] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
-from . import report  # noqa: E402
+from . import docs, targets  # noqa: E402
+from .docs import TITLES  # noqa: E402
+from .report import table  # noqa: E402
 
-SECTIONS = ("payload", "scoring", "memory", "dask", "coldstart", "frontends", "inputs", "threads",
-            "operations")
+# a section's run: what it adds to the results, its heading, its tables and the lines under them
+Shown = tuple[dict, str, list[str], list[str]]
+
+
+def _payload(args: argparse.Namespace) -> Shown:
+    from . import payload_bench
+
+    rows = payload_bench.run(repeats=1 if args.quick else args.repeats,
+                             names=["MLP 90MB"] if args.quick else None)
+    return ({"payload": rows}, "## Rebuild: pickle.loads(pickle.dumps(m)) vs spark_keras.loads(spark_keras.dumps(m)) "
+            "vs spark_keras.load(file, share_weights=True)", [table(rows)], targets.payload_targets(rows))
+
+
+def _scoring(args: argparse.Namespace) -> Shown:
+    from . import scoring_bench
+
+    rows, facts = scoring_bench.run(quick=args.quick)
+    shown = "\n".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in facts.items())
+    return ({"scoring": rows, "facts": facts}, "## Scoring throughput on local[2]",
+            [table(rows, floatfmt="{:,.2f}")], ["\n" + shown, *targets.scoring_targets(rows, facts)])
+
+
+def _memory(args: argparse.Namespace) -> Shown:
+    from . import memory_bench
+
+    rows = memory_bench.run(quick=args.quick)
+    return ({"memory": rows}, "## Memory: N Python workers holding one model, a copy per worker vs one shared file",
+            [table(rows, floatfmt="{:,.2f}")], targets.memory_targets(rows))
+
+
+def _dask(args: argparse.Namespace) -> Shown:
+    from . import dask_bench
+
+    rows = dask_bench.run(repeats=1 if args.quick else args.repeats)
+    return {"dask": rows}, "## Dask: client.submit(f, model), Keras pickling vs payload vs ship()", [table(rows)], []
+
+
+def _coldstart(args: argparse.Namespace) -> Shown:
+    from . import coldstart_bench
+
+    rows = coldstart_bench.run(quick=args.quick)
+    return ({"coldstart": rows}, "## Cold start of a fresh Python worker (spark.python.worker.reuse=false): "
+            "pyspark.daemon vs spark_keras.spark.daemon, local[2]", [table(rows)], targets.coldstart_targets(rows))
+
+
+def _frontends(args: argparse.Namespace) -> Shown:
+    from . import frontends_bench
+
+    rows = frontends_bench.run(quick=args.quick)
+    return ({"frontends": rows}, "## Front-ends: predict_partition, pool_predict, predict_dask against the raw "
+            "model (MLP, batch 1024)", [table(rows, floatfmt="{:,.2f}")], [])
+
+
+def _inputs(args: argparse.Namespace) -> Shown:
+    from . import inputs_bench
+
+    rows, lengths = inputs_bench.run(quick=args.quick)
+    return ({"inputs": rows, "inputs_lengths": lengths}, TITLES["inputs"],
+            [table(rows, floatfmt="{:,.2f}"), table(lengths, floatfmt="{:,.2f}")],
+            targets.inputs_targets(rows, lengths))
+
+
+def _threads(args: argparse.Namespace) -> Shown:
+    from . import threads_bench
+
+    rows = threads_bench.run(quick=args.quick)
+    return {"threads": rows}, TITLES["threads"], [table(rows, floatfmt="{:,.2f}")], []
+
+
+def _operations(args: argparse.Namespace) -> Shown:
+    from . import operations_bench
+
+    rows = operations_bench.run(quick=args.quick)
+    return {"operations": rows}, TITLES["operations"], [table(rows, floatfmt="{:,.3f}")], []
+
+
+RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
+           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations}
+SECTIONS = tuple(RUNNERS)
 
 
 def machine() -> str:
@@ -78,97 +157,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"({name}: {timings[name]:.0f} s)")
         section_started = time.perf_counter()
 
-    if "payload" in sections:
-        from . import payload_bench
-
-        rows = payload_bench.run(repeats=1 if args.quick else args.repeats,
-                                 names=["MLP 90MB"] if args.quick else None)
-        results["payload"] = rows
-        print("\n## Rebuild: pickle.loads(pickle.dumps(m)) vs spark_keras.loads(spark_keras.dumps(m)) "
-              "vs spark_keras.load(file, share_weights=True)\n")
-        print(report.table(rows))
-        for line in report.payload_targets(rows):
-            print(line)
-        section_done("payload")
-    if "scoring" in sections:
-        from . import scoring_bench
-
-        rows, facts = scoring_bench.run(quick=args.quick)
-        results["scoring"], results["facts"] = rows, facts
-        print("\n## Scoring throughput on local[2]\n")
-        print(report.table(rows, floatfmt="{:,.2f}"))
-        print("\n" + "\n".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in facts.items()))
-        for line in report.scoring_targets(rows, facts):
-            print(line)
-        section_done("scoring")
-    if "memory" in sections:
-        from . import memory_bench
-
-        rows = memory_bench.run(quick=args.quick)
-        results["memory"] = rows
-        print("\n## Memory: N Python workers holding one model, a copy per worker vs one shared file\n")
-        print(report.table(rows, floatfmt="{:,.2f}"))
-        for line in report.memory_targets(rows):
-            print(line)
-        section_done("memory")
-    if "dask" in sections:
-        from . import dask_bench
-
-        rows = dask_bench.run(repeats=1 if args.quick else args.repeats)
-        results["dask"] = rows
-        print("\n## Dask: client.submit(f, model), Keras pickling vs payload vs ship()\n")
-        print(report.table(rows))
-        section_done("dask")
-    if "coldstart" in sections:
-        from . import coldstart_bench
-
-        rows = coldstart_bench.run(quick=args.quick)
-        results["coldstart"] = rows
-        print("\n## Cold start of a fresh Python worker (spark.python.worker.reuse=false): "
-              "pyspark.daemon vs spark_keras.spark.daemon, local[2]\n")
-        print(report.table(rows))
-        for line in report.coldstart_targets(rows):
-            print(line)
-        section_done("coldstart")
-    if "frontends" in sections:
-        from . import frontends_bench
-
-        rows = frontends_bench.run(quick=args.quick)
-        results["frontends"] = rows
-        print("\n## Front-ends: predict_partition, pool_predict, predict_dask against the raw model "
-              "(MLP, batch 1024)\n")
-        print(report.table(rows, floatfmt="{:,.2f}"))
-        section_done("frontends")
-    if "inputs" in sections:
-        from . import inputs_bench
-
-        rows, lengths = inputs_bench.run(quick=args.quick)
-        results["inputs"], results["inputs_lengths"] = rows, lengths
-        print("\n## Text, image bytes and variable-length sequences on local[2]\n")
-        print(report.table(rows, floatfmt="{:,.2f}"))
-        print()
-        print(report.table(lengths, floatfmt="{:,.2f}"))
-        for line in report.inputs_targets(rows, lengths):
-            print(line)
-        section_done("inputs")
-    if "threads" in sections:
-        from . import threads_bench
-
-        rows = results["threads"] = threads_bench.run(quick=args.quick)
-        print(f"\n{report.TITLES['threads']}\n")
-        print(report.table(rows, floatfmt="{:,.2f}"))
-        section_done("threads")
-    if "operations" in sections:
-        from . import operations_bench
-
-        rows = results["operations"] = operations_bench.run(quick=args.quick)
-        print(f"\n{report.TITLES['operations']}\n")
-        print(report.table(rows, floatfmt="{:,.3f}"))
-        section_done("operations")
+    for name in SECTIONS:
+        if name in sections:
+            found, heading, tables, notes = RUNNERS[name](args)
+            results.update(found)
+            print(f"\n{heading}\n")
+            print("\n\n".join(tables))
+            for line in notes:
+                print(line)
+            section_done(name)
     results["seconds"] = time.perf_counter() - started
     print(f"\nbench finished in {results['seconds']:.0f}s")
     if args.write:
-        report.write_docs(results)
+        docs.write_docs(results)
     return 0
 
 

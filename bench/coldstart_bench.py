@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .harness import pss_mb
-from .report import coldstart_goal
 from .sessions import local_session, start_seconds
+from .targets import coldstart_goal
 
 STOCK, PRELOADED = "pyspark.daemon (stock)", "spark_keras.spark.daemon"
 DAEMONS = {STOCK: "pyspark.daemon", PRELOADED: "spark_keras.spark.daemon"}

@@ -42,7 +42,7 @@ from .scoring_bench import (
 )
 from .sessions import scoring_session
 
-# Workload names, which the targets pick rows by (report.inputs_targets)
+# Workload names, which the targets pick rows by (targets.inputs_targets)
 TEXT, IMAGE, GRU = "text", "image", "GRU"
 STRINGS, PNGS = "string column", "binary column (PNG)"
 IMAGE_SIZE = 64

@@ -14,9 +14,10 @@ import pyarrow as pa
 import pytest
 
 from bench.coldstart_bench import assert_identical
+from bench.docs import TITLES, write_docs
 from bench.frames import Expected, PredictionMismatch, check_predictions
 from bench.harness import pss_kb
-from bench.report import TITLES, coldstart_goal, memory_targets, write_docs
+from bench.targets import coldstart_goal, memory_targets
 
 from .conftest import REPO_ROOT
 

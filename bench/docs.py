@@ -1,0 +1,328 @@
+"""docs/benchmarks.md (benchmarks-tf-keras.md under tf-keras): one block per section,
+its heading, the line naming the run that produced it, what it measures, its tables and
+targets. A run rewrites only the sections it measured and keeps the others."""
+
+from __future__ import annotations
+
+import os
+
+from .report import plot, table
+from .targets import coldstart_targets, inputs_targets, memory_targets, payload_targets, scoring_targets
+
+TITLES = {  # section -> its heading in the docs (the order of the docs)
+    "payload": "## Model rebuild: Keras pickle vs spark_keras payload",
+    "scoring": "## Scoring throughput on local[2]",
+    "memory": "## Memory: N Python workers holding one model",
+    "dask": "## Dask: sending a model to a task",
+    "coldstart": "## Cold start: a fresh Python worker, stock daemon vs preloading daemon",
+    "frontends": "## Front-ends: predict_partition, pool_predict, predict_dask",
+    "inputs": "## Text, image bytes and variable-length sequences on local[2]",
+    "threads": "## TensorFlow thread pools per Python worker: the task's CPUs vs all cores",
+    "operations": "## Operating a scoring job: transform with error_col and observe vs without",
+}
+RUN_PREFIX = "_Measured by "
+
+
+def run_line(command: str, date: str, machine: str, seconds: str) -> str:
+    """The line under each section's heading: the command that produced its numbers."""
+    return f"{RUN_PREFIX}`{command}` on {date} ({seconds}); machine: {machine}._"
+
+
+def _targets(lines: list[str]) -> list[str]:
+    """A section's list of targets, each marked met or not."""
+    return ["Targets:", "", *(f"- {line}" for line in lines)]
+
+
+# --- what each section measures, its tables and targets: the block after its run line -----
+
+def _payload(results: dict) -> list[str]:
+    return [
+        "`pickle.loads(pickle.dumps(m))` (Keras's own `.keras`-in-a-pickle path) against "
+        "`spark_keras.loads(spark_keras.dumps(m))` and against "
+        "`spark_keras.load(path, share_weights=True)` on a payload file written once "
+        "beforehand (its pages in the page cache), the way an executor's Python "
+        "workers build a `BroadcastModel` (with Keras 3 on TensorFlow the variables "
+        "are views of the mapped file; elsewhere the weights are copied), in the same "
+        "Keras flavour. Loads times are the best of the repeats, alternating the "
+        "three paths. Goal: the file load at least 3x faster than pickle.", "",
+        table(results["payload"]), "", *_targets(payload_targets(results["payload"])), ""]
+
+
+def _scoring(results: dict) -> list[str]:
+    return [
+        "Each method scores the same cached DataFrame (written to the `noop` sink), "
+        "after a warm-up on 5% of the rows (every 20th id, from every partition); best "
+        "of two timed runs when one takes under 8 s. The warm-up's predictions are "
+        "collected and compared, row by row and id by id, with `model.predict` on the "
+        "same rows on the driver: the benchmark stops if any method disagrees.", "",
+        "The methods, all calling the model on batches of the workload's batch size:",
+        "",
+        "- `predict_batch_udf`: `pyspark.ml.functions.predict_batch_udf`, the model "
+        "rebuilt from a broadcast of its config and weights in `make_predict_fn`, "
+        "calling `model.predict(x, batch_size=len(x))` on each batch (one step per "
+        "batch, not Keras's default batch size of 32);",
+        "- `closure pandas_udf`: an iterator pandas UDF with the model captured in its "
+        "closure (unpickled in every task), calling `model.predict(x, batch_size=...)` "
+        "per Arrow batch;",
+        "- `BroadcastModel.predict_udf` and `BroadcastModel.transform`: spark_keras;",
+        "- `hand-written mapInArrow (best case)`: what a careful user writes by hand for "
+        "this one model: the model rebuilt once per worker from a broadcast, one "
+        "`tf.function` of `model(x, training=False)`, zero-copy Arrow-to-numpy, no "
+        "input checks, returning the input columns and the prediction as `transform` "
+        "does. `x best case` is the ratio to it; the target is `transform` within 10% "
+        "of it;",
+        "- `identity mapInArrow`: Spark moving every row to a Python worker and back, "
+        "no model; `raw model (1 process)`: the model alone on numpy batches;",
+        "- `ceiling 1/(1/raw+1/identity)`: the two combined, the bound if the two costs "
+        "simply add (`x ceiling`); the target is `transform` and `predict_udf` >= 0.7x "
+        "of it for the MLP (aim 0.8x). Each method, the identity and the raw model "
+        "(at its fastest call size, in the driver) are timed in three interleaved "
+        "rounds, best round each.", "",
+        "Peak RSS is the largest VmHWM of the Python workers during the timed run.", "",
+        table(results["scoring"], floatfmt="{:,.2f}"), "",
+        "![scoring throughput](benchmarks.png)", "",
+        *_targets(scoring_targets(results["scoring"], results["facts"])), "",
+        "Facts: " + ", ".join(f"{k} = {v:.1f}" if isinstance(v, float) else f"{k} = {v}"
+                              for k, v in results["facts"].items()), "",
+        "Reading the memory rows: peak RSS is taken while a worker scores, so it includes "
+        "TensorFlow's buffers for one batch of activations (for the CNN at batch 64, one "
+        "118x158x32 float32 activation is 152 MB) and whatever earlier methods left in "
+        "that reused worker; it is an upper bound, not the cost of holding the model. "
+        "The weights themselves are held once per worker: the unpickled broadcast "
+        "bytes are dropped after the build (tests/test_spark_broadcast.py checks it).", ""]
+
+
+def _memory(results: dict) -> list[str]:
+    return [
+        "N Python workers (`local[N]`, one task each, all running at once in a barrier "
+        "stage) hold one large MLP: `BroadcastModel(spark, model, "
+        "share_weights=False)`, a copy of the weights in every worker (`copy per "
+        "worker`, the behaviour before shared weights), against the default "
+        "`share_weights=True`, where the executor's first worker writes the payload to "
+        "one file and every worker builds its model on weights mapped copy-on-write "
+        "from it (`shared file`). Each N and mode runs in a fresh session. A warm-up "
+        "job imports Keras and runs one op in every worker; then each worker waits at "
+        "a barrier (every worker has TensorFlow mapped), reads its PSS, builds the "
+        "model through `bm.predictor` and scores its rows as `transform` does, waits "
+        "at a second barrier until all N hold the model, and reads its PSS again. "
+        "The predictions are checked against `model.predict`.", "",
+        "PSS (proportional set size, from `/proc/self/smaps`) splits each page among "
+        "the processes mapping it: a page of the shared file mapped by 4 workers "
+        "counts a quarter in each, so the sum of the workers' PSS growths is the "
+        "memory the N workers really added, the shared file counted once. "
+        "`x weights` is that sum over the size of the weights. `anon MB` is private "
+        "(anonymous) memory, `file MB` the payload file's pages; code (the "
+        "interpreter and shared libraries, TensorFlow's among them) is left out of "
+        "the growth and shown apart, since its share moves whenever unrelated "
+        "processes on the host map the same libraries. `weights mapped %` is the "
+        "smallest share of weight bytes on the mapped file "
+        "(`cache_info()[\"memory_by_key\"]`); build seconds per worker are "
+        "`cache_info()[\"build_seconds\"]` (on the shared file they include waiting "
+        "for the worker that writes it).", "",
+        table(results["memory"], floatfmt="{:,.2f}"), "", *_targets(memory_targets(results["memory"])), ""]
+
+
+def _dask(results: dict) -> list[str]:
+    return [
+        "Seconds per `client.submit(f, model).result()` on a 2-worker LocalCluster: "
+        "Keras's own pickling, `make_picklable` (the payload), and a `ship()` handle "
+        "(first call builds, later calls hit the worker's cache).", "",
+        table(results["dask"]), ""]
+
+
+def _coldstart(results: dict) -> list[str]:
+    return [
+        "Spark forks each Python worker from a daemon; with "
+        "`spark.python.worker.reuse=false` every task gets a fresh worker. The stock "
+        "daemon (`spark.python.daemon.module=pyspark.daemon`) against the preloading "
+        "one (`spark_keras.spark.daemon`, which imported TensorFlow and Keras before "
+        "forking), each in its own `local[2]` session (the daemon module is fixed per "
+        "SparkContext) with the settings of `conf/spark-defaults.conf` (one TensorFlow "
+        "and OpenMP thread per worker); the two alternate, one session each per round, "
+        "taking turns at going first, after a throwaway session that warms the driver's "
+        "JVM; every session first measures its first job, then runs a warm-up job (RDD and SQL) of trivial tasks to "
+        "start its daemons.", "",
+        "Cold start, per task in a fresh worker, for the MLP and the CNN of the scoring "
+        "section: `time.perf_counter()` from the task function's first line through "
+        "`import tensorflow, keras`, the `BroadcastModel` build (`bm.value`, on the "
+        "executor's shared payload file) and the first prediction (`bm.predictor` on "
+        "64 rows for the MLP, 8 for the CNN: tracing its `tf.function` and running it); "
+        "reading the PSS in between is not counted. Fork to task start (from "
+        "`/proc/self/stat`, 10 ms resolution) is the time before the task function "
+        "runs: PySpark's worker setup and unpickling the task (`the same from the fork` "
+        "adds it to the cold start less the build). Worker PSS is `Pss:` "
+        "of `/proc/self/smaps_rollup`, read in the same tasks right after the imports, "
+        "before any model exists: the preloaded TensorFlow pages are shared with the "
+        "daemon and counted in part. The transform job is `bm.transform(df, "
+        "\"features\")` on the MLP over a cached DataFrame, collected with `toArrow()`, "
+        "one fresh worker per partition. Daemon start is the time from a daemon "
+        "process's start to its first fork, paid once per executor and worker pool "
+        "(RDD and SQL tasks have separate daemons). The host load average tells whether "
+        "other work shared the 2 cores during the run.", "",
+        "Every task checks that its parent is the daemon the session asked for (the "
+        "preloading daemon falls back to the stock one when forking would be unsafe). "
+        "The predictions of both daemons are bit-identical (cold-start tasks input by "
+        "input, the transform row by row) and close to the driver's `model.predict`: "
+        "the benchmark fails otherwise. Goals: a cold start, less the model build, of "
+        "at most 0.5 s with the preloading daemon; its workers' PSS at least 40% lower "
+        "than with the stock daemon.", "",
+        table(results["coldstart"]), "", *_targets(coldstart_targets(results["coldstart"])), ""]
+
+
+def _frontends(results: dict) -> list[str]:
+    return [
+        "The MLP of the scoring section (64 float32 features, batch size 1024) scored "
+        "through each non-UDF front-end's public API, side by side with the model alone "
+        "(`model(x, training=False)` on numpy batches in one process; `x raw` is the ratio "
+        "to it): `df.select(\"features\").rdd.mapPartitions(bm.predict_partition).count()` "
+        "on local[2] (a cached DataFrame of 4 partitions, one TensorFlow thread per worker), "
+        "after a warm-up; `pool_predict(model, x, processes=2)` on a numpy array, the "
+        "spawn pool's start included (every call starts one); `predict_dask(ship(client, "
+        "model), ...).compute()` on a dask array and on a dask DataFrame of 64 scalar "
+        "columns, both persisted on a 2-worker LocalCluster in 4 chunks, after a warm-up. "
+        "Best of 2. Each front-end's predictions are compared with `model.predict` on a "
+        "few rows: the benchmark stops if one differs.", "",
+        table(results["frontends"], floatfmt="{:,.2f}"), ""]
+
+
+def _inputs(results: dict) -> list[str]:
+    return [
+        "A text model (`keras.Input((), dtype=\"string\")`, `TextVectorization` over a "
+        "100-word vocabulary, `Embedding`, `Dense`) on a string column of short random "
+        "sentences (3 to 12 words), and an image model (PNG bytes decoded in its graph by "
+        "a registered layer, 64 x 64 x 3, two convolutions, `Dense`) on a binary column of "
+        "photo-like PNGs (about 8.6 kB each; 2,000 distinct images, repeated), in one "
+        "local[2] session, each DataFrame "
+        "cached in 8 partitions. Methods as in the scoring section, on the same batch "
+        "size: `predict_batch_udf` turns each batch's strings or bytes into a "
+        "`tf.constant` and calls `model.predict`; the hand-written `mapInArrow` turns "
+        "each Arrow batch's column into one `tf.string` tensor "
+        "(`tf.constant(column.to_numpy(zero_copy_only=False))`, the fastest way tried: "
+        "`tf.constant(column.to_pylist())` is as fast on text and slower on bytes, "
+        "`tf.strings.substr` over the Arrow data buffer much slower on bytes) and calls "
+        "a `tf.function` of the model cached per worker. Each method is built once, "
+        "then the methods take turns (3 rounds, each run after a warm-up on 5% of the "
+        "rows), best run kept; the first warm-up's predictions are checked against the "
+        "model called directly on the same rows. The target is `transform` within 10% "
+        "of the hand-written one (`x best case`).", "",
+        table(results["inputs"], floatfmt="{:,.2f}"), "",
+        "Variable-length sequences: a GRU (`Input((None, 3))`, 16 units) on an "
+        "`array<array<float>>` column whose rows have one length (40 steps), 4 distinct "
+        "lengths (10, 30, 50, 70) or 64 (8 to 71), every batch holding every length "
+        "(the mean length is 40 in each case, so each holds the same work). `transform` "
+        "groups the rows of a batch by shape and calls the model once per shape, so that "
+        "each prediction is the model's on that row alone; the raw rows are the model "
+        "alone on one batch of 1,024 such rows, grouped by length by hand (one compiled "
+        "call per length). Predictions checked as above; best of 3 runs.", "",
+        table(results["inputs_lengths"], floatfmt="{:,.2f}"), "",
+        "Reading the sequence rows: the raw rows are the model's own cost of meeting many "
+        "lengths in one batch (more calls, of fewer rows each); what separates `transform` "
+        "from them is Spark's hand-over of 120 nested floats per row and the engine's per-row "
+        "work on inputs with unknown dimensions (each row's shape read, rows grouped by "
+        "shape, each group stacked).", "", *_targets(inputs_targets(results["inputs"], results["inputs_lengths"])), ""]
+
+
+def _threads(results: dict) -> list[str]:
+    return [
+        "`BroadcastModel.transform` of a 256-512-512-8 MLP on local[2], each mode in its own "
+        "session after a warm-up build in every worker, best of the timed runs (noop sink). "
+        "spark_keras sizes TensorFlow's pools to the task's CPUs (`TaskContext.cpus()`) before "
+        "the runtime starts; `SPARK_KERAS_TF_THREADS=off` leaves TensorFlow's defaults (every "
+        "worker sizes its pools to all the host's cores). The pools are the ones the workers' "
+        "build log recorded.", "",
+        table(results["threads"], floatfmt="{:,.2f}"), ""]
+
+
+def _operations(results: dict) -> list[str]:
+    return [
+        "`BroadcastModel.transform` on local[2] with `on_invalid=\"null\"` (one row in 1,000 "
+        "null) of two MLPs: the bench's fast 64-256-256-8 (1,000,000 rows) and a 15x heavier "
+        "64-1024-1024-8 (200,000 rows); plain against with `error_col`, with `observe` (an "
+        "`Observation` of rows, invalid rows, model builds and build seconds) and with both. "
+        "The modes interleaved after a warm-up of each, 7 rounds (noop sink): the best runs' "
+        "ratio and the median over the rounds of each run against the same round's plain run. "
+        "\"plain again\" measures the plain transform twice: the spread of identical work on "
+        "this machine. The last row observes the plain transform's output with "
+        "`df.observe` alone (rows, null predictions; no build figures). Target: within 5%.", "",
+        table(results["operations"], floatfmt="{:,.3f}"), ""]
+
+
+BODIES = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
+          "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations}
+
+
+def _sections(results: dict, docs: str) -> dict[str, list[str]]:
+    """The blocks of the sections in ``results``, each starting with its heading and the
+    line naming the run; docs/benchmarks.png drawn anew when the scoring section ran."""
+    seconds = results.get("section_seconds", {})
+
+    def start(name: str) -> list[str]:
+        took = f"{seconds[name]:.0f} s for this section" if name in seconds \
+            else f"{results['seconds']:.0f} s for the whole run"
+        return [TITLES[name], "", run_line(results["command"], results["date"], results["machine"], took), ""]
+
+    if "scoring" in results:
+        plot(results["scoring"], os.path.join(docs, "benchmarks.png"))
+    return {name: start(name) + body(results) for name, body in BODIES.items() if name in results}
+
+
+def _read_blocks(path: str) -> tuple[dict[str, str], dict[str, list[str]], list[list[str]]]:
+    """An existing docs file: the header's ``- name: value`` fields, the blocks of the
+    known sections, and any other ``## `` blocks (kept as they are, after the known ones)."""
+    fields: dict[str, str] = {}
+    known: dict[str, list[str]] = {}
+    other: list[list[str]] = []
+    if not os.path.exists(path):
+        return fields, known, other
+    with open(path) as f:
+        lines = f.read().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    for line in lines[:heads[0] if heads else len(lines)]:
+        if line.startswith("- ") and ": " in line:
+            name, _, value = line[2:].partition(": ")
+            fields[name] = value
+    by_title = {title: name for name, title in TITLES.items()}
+    for i, j in zip(heads, [*heads[1:], len(lines)]):
+        block = lines[i:j]
+        name = by_title.get(block[0])
+        if name is None:
+            other.append(block)
+        else:
+            known[name] = block
+    return fields, known, other
+
+
+def _with_run_line(block: list[str], fields: dict[str, str]) -> list[str]:
+    """A kept block, with the line naming its run; written before runs were recorded per
+    section, it takes the run from the old header's command, date, machine and wall time."""
+    if any(line.startswith(RUN_PREFIX) for line in block[:4]) or "command" not in fields:
+        return block
+    took = f"{fields['wall time']} for the whole run" if "wall time" in fields else "whole run"
+    line = run_line(fields["command"].strip("`"), fields.get("date", "?"), fields.get("machine", "?"), took)
+    return [block[0], "", line, *block[1:]]
+
+
+def write_docs(results: dict, docs: str | None = None) -> None:
+    """Rewrite the sections in ``results`` in docs/benchmarks.md (benchmarks-tf-keras.md
+    under tf-keras); the sections this run did not measure are kept as they were, each
+    with the line naming the run that produced it."""
+    docs = docs or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+    legacy = results.get("flavour") == "tf_keras"
+    path = os.path.join(docs, "benchmarks-tf-keras.md" if legacy else "benchmarks.md")
+    fields, kept, other = _read_blocks(path)
+    fresh = _sections(results, docs)
+    make = ("`make bench-tf-keras` runs `TF_USE_LEGACY_KERAS=1 python -m bench --only payload --write`"
+            if legacy else "`make bench` runs `python -m bench --write`, every section")
+    lines = ["# Benchmarks under legacy tf-keras 2.x" if legacy else "# Benchmarks", "",
+             f"Generated by the benchmark itself ({make}; `python -m bench --only <sections> "
+             "--write` rewrites those sections and keeps the others). Each section names the "
+             "command, date and machine of the run that produced it; the numbers of a section "
+             "come from that one run, all its ratios measured side by side in it.", ""]
+    blocks = [fresh[name] if name in fresh else _with_run_line(kept[name], fields)
+              for name in TITLES if name in fresh or name in kept]
+    for block in [*blocks, *other]:
+        while block and not block[-1].strip():
+            block = block[:-1]
+        lines += [*block, ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines).rstrip("\n") + "\n")

@@ -1,0 +1,142 @@
+"""The targets of the sections: each measured value against its goal, marked met or not
+(``[met] label: value``), and lines for information."""
+
+from __future__ import annotations
+
+from .report import pick
+
+
+def _target(label: str, value: float | None, ok: bool) -> str:
+    shown = "n/a" if value is None else f"{value:.2f}"
+    return f"[{'met' if ok else 'NOT met'}] {label}: {shown}"
+
+
+REBUILD_SPEED_UP = 3.0  # the payload file against Keras's pickle path, every model
+
+
+def payload_targets(rows: list[dict]) -> list[str]:
+    """The rebuild target: a payload file loaded as executors load it (weights shared)
+    at least 3x faster than Keras's own pickle path, for every model."""
+    return [_target(f"{r['model']} rebuild from a payload file (share_weights=True) >= "
+                    f"{REBUILD_SPEED_UP:g}x Keras pickle", r["file load speed-up"],
+                    r["file load speed-up"] >= REBUILD_SPEED_UP) for r in rows]
+
+
+SHARED_LIMIT = 1.5  # the workers' added memory, in copies of the weights
+
+
+def memory_targets(rows: list[dict]) -> list[str]:
+    """The shared-weights memory target at 4 workers; the copy-per-worker figure and
+    the build seconds of both modes for information."""
+    from .memory_bench import COPY, SHARED
+
+    at4 = {r["mode"]: r for r in rows if r["workers"] == 4}
+    if SHARED not in at4 or COPY not in at4:
+        return []
+    shared, copy = at4[SHARED]["x weights"], at4[COPY]["x weights"]
+    return [_target(f"shared weights at 4 workers <= {SHARED_LIMIT:g}x weights", shared,
+                    shared <= SHARED_LIMIT),
+            f"[info] a copy per worker at 4 workers, not a target: {copy:.2f}x weights",
+            f"[info] build s per worker at 4 workers (mean): {at4[COPY]['build s mean']:.2f} with a copy "
+            f"per worker, {at4[SHARED]['build s mean']:.2f} on the shared file"]
+
+
+def scoring_targets(rows: list[dict], facts: dict) -> list[str]:
+    """The issue's throughput and memory targets, each marked met or not, and the
+    idealized ceiling for information."""
+    out, info = [], []
+
+    def check(label: str, value: float | None, ok: bool) -> None:
+        out.append(_target(label, value, ok))
+
+    transform = pick(rows, "MLP", "array", "BroadcastModel.transform")
+    if transform:
+        check("MLP (array) transform / predict_batch_udf >= 4 (fair peer: model.predict with "
+              "the same batch size)", transform["x predict_batch_udf"], transform["x predict_batch_udf"] >= 4)
+    for workload in ("MLP", "CNN"):
+        for variant in ("array", "scalars", "vector"):
+            row = pick(rows, workload, variant, "BroadcastModel.transform")
+            if row:
+                check(f"{workload} ({variant}) transform >= 0.9x hand-written best case",
+                      row["x best case"], row["x best case"] >= 0.9)
+            for method in ("BroadcastModel.transform", "BroadcastModel.predict_udf"):
+                row = pick(rows, workload, variant, method)
+                if row and workload == "MLP":
+                    check(f"MLP ({variant}) {method.split('.')[-1]} >= {CEILING_SHARE}x the ceiling "
+                          f"1/(1/raw+1/identity) (aim {CEILING_AIM}x)", row["x ceiling"],
+                          row["x ceiling"] >= CEILING_SHARE)
+                elif row:
+                    info.append(f"[info] {workload} ({variant}) {method.split('.')[-1]} / ceiling, "
+                                f"not a target: {row['x ceiling']:.2f}")
+            row = pick(rows, workload, variant, "BroadcastModel.predict_udf")
+            if row:
+                slower = 1 / row["x transform"]
+                check(f"{workload} ({variant}) transform / predict_udf <= 1.5", slower, slower <= 1.5)
+    baseline = facts.get("tf_baseline_rss_mb")
+    for workload in ("MLP", "CNN"):
+        weights = facts.get(f"{workload} weights MB")
+        for method in ("BroadcastModel.transform", "BroadcastModel.predict_udf"):
+            row = pick(rows, workload, "array", method)
+            if row and baseline and weights is not None and row["peak worker RSS MB"]:
+                limit = baseline + 2 * weights
+                check(f"{workload} {method.split('.')[-1]} peak worker RSS MB <= {limit:.0f} "
+                      f"(TF baseline {baseline:.0f} + 2 x {weights:.1f} MB weights)",
+                      row["peak worker RSS MB"], row["peak worker RSS MB"] <= limit)
+    return out + info
+
+
+BEST_CASE_SHARE = 0.9  # transform against the hand-written mapInArrow, in rows/s
+CEILING_SHARE, CEILING_AIM = 0.7, 0.8  # transform and predict_udf against the ceiling (MLP)
+
+
+def inputs_targets(rows: list[dict], lengths: list[dict]) -> list[str]:
+    """The inputs section's target (text and image: transform within 10% of the
+    hand-written mapInArrow), and for information transform against predict_batch_udf and
+    the cost of many distinct sequence lengths in a batch."""
+    from .inputs_bench import IMAGE, PNGS, STRINGS, TEXT
+
+    out, info = [], []
+    for workload, variant in ((TEXT, STRINGS), (IMAGE, PNGS)):
+        row = pick(rows, workload, variant, "BroadcastModel.transform")
+        if row:
+            out.append(_target(f"{workload} ({variant}) transform >= {BEST_CASE_SHARE:g}x hand-written "
+                               "best case", row["x best case"], row["x best case"] >= BEST_CASE_SHARE))
+            info.append(f"[info] {workload} ({variant}) transform / predict_batch_udf, not a target: "
+                        f"{row['x predict_batch_udf']:.2f}")
+    for row in lengths:
+        if row["input"] != lengths[0]["input"]:
+            info.append(f"[info] {row['method']} on {row['input']} per batch: {row['x equal lengths']:.2f}x "
+                        "its rows/s on equal lengths")
+    return out + info
+
+
+COLD_START_LIMIT = 0.5  # s: a fresh worker's task start to first prediction, less the build
+PSS_CUT = 0.40  # a worker's PSS with TensorFlow loaded: at least this much lower with the daemon
+
+
+def coldstart_goal(kind: str, value: float, baseline: float | None = None) -> str:
+    """The goal cell of a cold-start row, for the preloading daemon: ``"met: ..."`` or
+    ``"NOT met: ..."``. ``cold start``: the median time from task start to first
+    prediction less the model build, at most 0.5 s. ``pss``: the median worker PSS with
+    TensorFlow loaded at least 40% lower than with the stock daemon (``baseline``).
+    ``first job``: the median first job of a session no slower than the stock daemon's."""
+    if kind == "cold start":
+        ok, detail = value <= COLD_START_LIMIT, f"{value:.3f} s <= {COLD_START_LIMIT:g} s"
+    elif kind == "first job":
+        ok, detail = value <= baseline, f"{value:.2f} s <= stock daemon's {baseline:.2f} s"
+    elif kind == "pss":
+        cut = 1 - value / baseline
+        ok, detail = cut >= PSS_CUT, f"{100 * cut:.0f}% lower >= {100 * PSS_CUT:.0f}%"
+    else:
+        raise ValueError(kind)
+    return f"{'met' if ok else 'NOT met'}: {detail}"
+
+
+def coldstart_targets(rows: list[dict]) -> list[str]:
+    """One line per row with a goal, as the other sections print their targets."""
+    out = []
+    for row in rows:
+        if row.get("goal"):
+            status, _, detail = row["goal"].partition(": ")
+            out.append(f"[{status}] {row['measure'].strip()}, preloading daemon: {detail}")
+    return out
