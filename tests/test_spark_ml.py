@@ -407,10 +407,10 @@ def test_payloads_at_uris(spark, s3, mlp, tmp_path):
     """A payload written to and read from S3 (the storage I/O a stage saves with), and a
     stage whose model is an S3 URI: executors read it themselves; saving copies it."""
     from spark_keras import storage
-    from spark_keras.ml import _payload_location
+    from spark_keras.spark.paths import stage_file
 
     hadoop_style = s3.uri("pm/stages/2_KerasTransformer_x").replace("s3://", "s3a://")
-    location = _payload_location(spark, hadoop_style, "payload.skp")
+    location = stage_file(spark, hadoop_style, "payload.skp")
     assert location == s3.uri("pm/stages/2_KerasTransformer_x/payload.skp")
     payload = sk.dumps(mlp)
     storage.write(location, payload)

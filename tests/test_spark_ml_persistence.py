@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
-from spark_keras import ml
 from spark_keras.inference import predictor_for
 from spark_keras.ml import KerasTransformer
+from spark_keras.spark import paths
 
 from . import models
 
@@ -177,4 +177,4 @@ def test_a_file_uri_with_percent_escapes_is_one_folder_as_hadoop_makes_it(spark,
                 f"file://{tmp_path}/q?x=1#f", f"file:///{tmp_path}/./u/../v//w/"]:
         hadoop = sc._jvm.org.apache.hadoop.fs.Path(uri)
         qualified = hadoop.getFileSystem(sc._jsc.hadoopConfiguration()).makeQualified(hadoop)
-        assert ml._file_uri_path(uri) == qualified.toUri().getPath(), uri
+        assert paths.file_uri_path(uri) == qualified.toUri().getPath(), uri
