@@ -14,7 +14,7 @@ import spark_keras as sk
 from spark_keras.spark.transport import transport_for
 
 from . import models
-from .conftest import builds_by_worker, make_spark, worker_cache_infos
+from .conftest import builds_by_worker, make_spark, run_script, worker_cache_infos
 from .test_payload_integrity import rewrite_header
 
 CACHE_LIMIT = 3
@@ -254,3 +254,67 @@ def test_destroy_cycles_do_not_grow_worker_memory(spark, build_log):
     assert builders <= set(infos), infos
     for info in infos.values():
         assert not set(keys) & set(info["keys"]), info
+
+
+KILLED_EXECUTOR = """
+import os, signal, time
+import numpy as np
+import spark_keras as sk
+from spark_keras.payload import host_file
+from spark_keras.spark import transport
+from tests import models
+from tests.conftest import make_spark
+
+# one worker, two executors: block manager folders side by side, as for any executors
+# of one application on one host
+spark = make_spark("local-cluster[1,2,1024]", %(log)r, **{"spark.executor.memory": "512m",
+                                                          "spark.executor.cores": "1"})
+sc = spark.sparkContext
+model = models.mlp(n_features=4)
+bm = sk.BroadcastModel(spark, model)
+x = np.ones((1, 4), "float32")
+want = float(np.asarray(model(x)).item())
+
+
+def land(_):
+    got = float(np.asarray(bm.value(x)).item())  # builds on the executor's file
+    yield transport.executor_folder(), transport._executor_pid(), got
+
+
+def landed(until, timeout=300):
+    found, deadline = {}, time.monotonic() + timeout
+    while not until(found):
+        assert time.monotonic() < deadline, found
+        for folder, pid, got in sc.parallelize(range(8), 8).mapPartitions(land).collect():
+            assert abs(got - want) < 1e-6, (got, want)
+            found[folder] = pid
+    return found
+
+
+first = landed(lambda found: len(found) == 2)  # both executors ran tasks
+paths = {folder: host_file.path_for(folder, bm.key) for folder in first}
+assert all(map(os.path.exists, paths.values())), paths  # neither removed the other's
+assert len({os.path.dirname(os.path.dirname(f)) for f in first}) == 1, first
+dead, live = sorted(first)
+assert os.path.basename(os.readlink(f"/proc/{first[dead]}/exe")).startswith("java")
+os.kill(first[dead], signal.SIGKILL)
+time.sleep(5)
+assert os.path.exists(paths[dead])  # Spark leaves it: the application has not ended
+landed(lambda found: set(found) - set(first))  # the replacement executor lands the model
+assert not os.path.exists(paths[dead]) and not os.path.exists(dead), os.listdir(dead)
+assert os.path.exists(paths[live])
+spark.stop()
+print("RECLAIMED")
+"""
+
+
+@pytest.mark.slow  # a local-cluster driver of its own, an executor killed and replaced
+@pytest.mark.timeout(1500)  # 2-3 min alone; 11 min on a machine loaded 10x
+def test_a_killed_executors_payload_file_goes_when_its_replacement_lands_the_model(tmp_path):
+    """Two executors on one host each land the model beside the other's file, neither
+    removing it; one executor JVM is SIGKILLed: Spark keeps its folder until the
+    application ends, but the executor replacing it removes the dead one's payload file
+    when it lands the same model, and leaves the live executor's alone."""
+    log = tmp_path / "log"
+    log.mkdir()
+    run_script(tmp_path, KILLED_EXECUTOR % {"log": str(log)}, "RECLAIMED", timeout=1400)

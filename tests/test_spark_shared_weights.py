@@ -49,7 +49,8 @@ def test_one_file_per_executor_shared_by_its_workers(cluster, build_log):
     for folder in folders:
         seen = [p for p in parts if p[0] == folder]
         assert len({ino for _, _, ino, *_ in seen}) == 1  # one file per executor
-        assert all(files == [f"{bm.key}.skp", f"{bm.key}.skp.lock"] for _, _, _, files, *_ in seen)
+        assert all(files == [f"{bm.key}.skp", f"{bm.key}.skp.lock", f"{bm.key}.skp.users"]
+                   for _, _, _, files, *_ in seen)
     for *_, ids, preds in parts:  # bit-identical to the driver's model on the same batch
         np.testing.assert_array_equal(preds, np.asarray(model(x[ids])))
 

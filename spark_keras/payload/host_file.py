@@ -284,12 +284,23 @@ def reclaim(folders: Iterable[str], key: str) -> list[str]:
 def process_identity(pid: int) -> str | None:
     """``"<pid>:<start time>"`` of a live process (None if it is gone or there is no
     ``/proc``): unlike a pid alone, never the identity of a later process."""
+    fields = _stat(pid)
+    return f"{pid}:{int(fields[19])}" if fields else None  # field 22: starttime
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent's pid of a live process (None if it is gone or there is no ``/proc``)."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None  # field 4: ppid
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat``'s fields from the third (the state) on."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+            return f.read().rsplit(b")", 1)[1].split()  # the name may hold ")" and spaces
     except (OSError, IndexError):
         return None
-    return f"{pid}:{int(fields[19])}"  # field 22, starttime; fields[0] is field 3
 
 
 def _alive(identity: str) -> bool:

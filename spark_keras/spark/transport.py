@@ -20,6 +20,8 @@ travel in the handle itself: small, and needed before any payload is touched.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import logging
 import os
 import tempfile
 from typing import Any
@@ -29,6 +31,8 @@ from ..errors import PayloadError, SparkKerasError
 from ..payload import host_file
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
+
+logger = logging.getLogger("spark_keras")
 
 
 def is_connect(spark: Any) -> bool:
@@ -83,6 +87,7 @@ class BroadcastTransport(Transport):
         folder = executor_folder() if share_weights and flavour.current().shares_weights else None
         try:
             if folder is not None:
+                _join_executor_file(folder, key)
                 return recipe.build_shared(folder, key, nbytes, fetch=lambda: self._broadcast.value)
             return dataclasses.replace(recipe, payload=self._broadcast.value).build()
         finally:
@@ -118,10 +123,61 @@ def executor_folder() -> str | None:
     return os.path.join(local_dirs.split(",")[0], host_file.FOLDER_NAME) if local_dirs else None
 
 
+# In a worker: this process's share of the executor's file of each model it built
+# (host_file.join), held until the model is released or the process ends
+_shares: dict[str, int] = {}
+
+
+def _join_executor_file(folder: str, key: str) -> None:
+    """Before a worker builds ``key`` on the executor's file: count it among the file's
+    users (once per process), and remove the copies of the file that executors of this
+    application killed on this host left in their folders (Spark deletes an executor's
+    folder when it stops, not when it is killed: the application's end would)."""
+    if key not in _shares:
+        try:
+            _shares[key] = host_file.join(folder, key, owner=_executor_pid())
+        except OSError as exc:  # the build that follows falls back, or names the folder
+            logger.debug("cannot count this worker among the users of %s in %s: %s",
+                         key, folder, exc)
+    host_file.reclaim(_sibling_folders(folder, key), key)
+
+
+def _sibling_folders(folder: str, key: str) -> list[str]:
+    """The payload folders holding ``key`` of the other executors whose block manager
+    directories are beside this executor's (this application's executors on this host:
+    one standalone worker's, or one YARN node's; keys are unique to a handle)."""
+    blockmgr = os.path.dirname(folder)
+    if not os.path.basename(blockmgr).startswith("blockmgr-"):
+        return []
+    users = os.path.basename(host_file.users_path(folder, key))
+    pattern = os.path.join(glob.escape(os.path.dirname(blockmgr)), "blockmgr-*",
+                           host_file.FOLDER_NAME, glob.escape(users))
+    return [os.path.dirname(p) for p in glob.glob(pattern) if os.path.dirname(p) != folder]
+
+
+def _executor_pid() -> int | None:
+    """This worker's executor: its nearest ancestor process that runs another program
+    than this interpreter (the JVM, which starts the Python daemon that forks workers,
+    or the workers themselves without a daemon). None where ``/proc`` cannot tell."""
+    try:
+        me = os.readlink("/proc/self/exe")
+        pid = os.getppid()
+        while pid and pid > 1:
+            if os.readlink(f"/proc/{pid}/exe") != me:
+                return pid
+            pid = host_file.parent_of(pid)
+    except OSError:
+        pass
+    return None
+
+
 def _discard_files(keys: list[str]) -> None:
     folder = executor_folder()
     if folder is not None:
         for key in keys:
+            share = _shares.pop(key, None)
+            if share is not None:
+                os.close(share)
             host_file.discard(folder, key)
 
 
@@ -197,6 +253,7 @@ class StorageTransport(Transport):
         folder = executor_folder()
         try:
             if folder is not None:
+                _join_executor_file(folder, key)
                 return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share,
                                            fallback=in_memory)
             with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
