@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ModelInputError
-from .column_read import kind
-from .specs import Signature, TensorSpec
+from .signature import Signature, TensorSpec
+from .walk import kind
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,28 @@ def pandas_to_arrow(name: str, series: Any) -> pa.Array:
     try:  # NaN stays NaN (as in Spark and numpy data); None and pd.NA are nulls
         arr = pa.array(series, from_pandas=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise ModelInputError(f"column {name!r} cannot be read as numbers: {exc}") from exc
+        arr = _missing_as_nulls(name, values, exc)
     if pa.types.is_null(arr.type):  # every row missing: an array column lost its type
         return pa.nulls(len(arr), pa.list_(pa.float64()))
     return arr
+
+
+def _missing_as_nulls(name: str, values: np.ndarray, exc: Exception) -> pa.Array:
+    """An object column of text, bytes or arrays whose missing cells are NaN (as
+    ``pd.read_csv`` leaves them): those cells as nulls. NaN is a value only among numbers."""
+    missing = np.fromiter((isinstance(v, float) and v != v for v in values), bool, len(values))
+    if missing.any() and not missing.all():
+        cells = values.copy()
+        cells[missing] = None
+        try:
+            return pa.array(cells, from_pandas=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+    types = sorted({type(v).__name__ for v in values if v is not None})
+    raise ModelInputError(
+        f"column {name!r} cannot be read as one column: it holds values of types "
+        f"{', '.join(types[:6])} (a column holds numbers, text, bytes or arrays, not a mix; "
+        f"{exc})") from exc
 
 
 def from_pandas(names: Sequence[str], series: Sequence[Any]) -> list[Column]:
@@ -161,7 +179,8 @@ def from_frame(frame: Any, columns: Sequence[Any] | Mapping[str, Sequence[Any]] 
     them (default: every column), or maps each model input name to its columns. pandas
     labels need not be strings (``pd.DataFrame(array)`` has 0, 1, 2...): the frame is
     indexed by its own labels; names are their ``str()``, for errors and matching. Without
-    a ``signature`` (raw columns for a ``preprocess`` function) columns are read one by one."""
+    a ``signature`` (raw columns for a ``preprocess`` function) columns are read one by one,
+    and a mapping gives every column it names, once each (the function sees them all)."""
     labels = list(frame.column_names if hasattr(frame, "column_names") else frame.columns)
     by_name = {str(label): label for label in labels}
 
@@ -178,6 +197,11 @@ def from_frame(frame: Any, columns: Sequence[Any] | Mapping[str, Sequence[Any]] 
             return [block]
         return from_pandas(names, [frame[c] for c in chosen])
 
+    if isinstance(columns, Mapping) and signature is None:
+        # for a preprocess function, which makes the model's inputs itself: every column
+        # the mapping names, each once, in the order named
+        named = [c for v in columns.values() for c in ([v] if _is_label(v) else list(v))]
+        return take(list({str(c): c for c in named}.values()))
     if isinstance(columns, Mapping):
         inputs = [s.name for s in signature.inputs]
         if set(columns) != set(inputs):
@@ -228,8 +252,10 @@ def from_rows(rows: Sequence[Any], signature: Signature, first_row: int = 0) -> 
     """Python rows (``rdd.mapPartitions``): a feature array/list/ML Vector, a tuple or Row
     with one value per model input, or a dict keyed by input name."""
     names = [s.name for s in signature.inputs]
-    parts = [_row_parts(row, len(names), names, first_row + i) for i, row in enumerate(rows)]
     labels = _labels(rows, names)
+    if len(names) > 1 and labels != names:  # fields not named as the inputs: in order
+        _check_order(labels, names, "fields")
+    parts = [_row_parts(row, len(names), names, first_row + i) for i, row in enumerate(rows)]
     return [Column(label, _cells_to_arrow(label, [p[j] for p in parts], first_row, "partition"))
             for j, label in enumerate(labels)]
 
@@ -264,6 +290,18 @@ def _row_parts(row: Any, n_inputs: int, input_names: Sequence[str], index: int) 
         raise ModelInputError(f"row {index} of this partition has {len(parts)} parts; the model "
                               f"has inputs {list(input_names)}")
     return [_cell(p) for p in parts]
+
+
+def _check_order(names: Sequence[str], input_names: Sequence[str], what: str) -> None:
+    """Refuse to feed inputs in order when some of ``names`` (not all) are input names
+    and order would feed one of them to another input (inputs ``a, b``, columns ``b, x``)."""
+    misplaced = [n for i, n in enumerate(names) if n in input_names and input_names[i] != n]
+    if misplaced:
+        raise ModelInputError(
+            f"{what} {list(names)} name only some of the model's inputs {list(input_names)}, "
+            f"and in order {misplaced[0]!r} would feed the input "
+            f"{input_names[list(names).index(misplaced[0])]!r}: name every {what[:-1]} as "
+            f"its input, or give them in input order")
 
 
 def _cell(value: Any) -> Any:
@@ -322,6 +360,7 @@ def _assign(columns: Columns, signature: Signature) -> list[Assigned]:
         by_name = {c.name: c for c in cols}
         return [(spec, [by_name[spec.name]]) for spec in inputs]
     if len(cols) == len(inputs):
+        _check_order(names, input_names, "columns")
         return [(spec, [c]) for spec, c in zip(inputs, cols)]
     raise ModelInputError(
         f"{len(cols)} column(s) {names} given for a model with {len(inputs)} inputs "
