@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 import spark_keras as sk
+from spark_keras.cache import read_build_log
 from spark_keras.inference import columns as cols
 from spark_keras.inference import predictor_for
 from spark_keras.inference.engine import score
@@ -194,13 +195,14 @@ def test_score_job_error_col_and_metrics_json(tmp_path):
                          "--input", str(tmp_path / "in.parquet"),
                          "--output", str(tmp_path / "out"), "--features", "features",
                          "--on-invalid", "null", "--error-col", "error",
-                         "--metrics-json", str(metrics), cwd=str(tmp_path))
+                         "--metrics-json", str(metrics), cwd=str(tmp_path),
+                         SPARK_KERAS_BUILD_LOG=str(tmp_path / "builds"))  # the workers' own
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("SCORED "))
     assert line.startswith("SCORED rows=30 invalid_rows=3 "), line
     figures = json.loads(metrics.read_text())
     assert figures["rows"] == 30 and figures["invalid_rows"] == 3
-    assert figures["model_builds"] == sum(figures["builds_per_worker"].values()) >= 1
+    assert figures["model_builds"] == len(read_build_log(str(tmp_path / "builds"))) >= 1
     assert f"model_builds={figures['model_builds']} " in line
     out = pq.read_table(str(tmp_path / "out")).to_pandas()
     assert sorted(out.loc[out["error"].notna(), "id"]) == sorted(BAD)
@@ -210,3 +212,90 @@ def test_score_job_error_col_and_metrics_json(tmp_path):
                         "--error-col", "error", cwd=str(tmp_path))
     assert bad.returncode == 2 and "needs --on-invalid null" in bad.stderr, bad.stderr[-2000:]
     assert not os.path.exists(tmp_path / "out2")
+
+
+def test_builds_made_by_a_sorts_sampling_job_are_observed(build_log, spark):
+    """A sort runs the scoring plan twice: first in a sampling job (whose observation
+    Spark drops), where the workers build the model, then in the observed job, which
+    finds it cached; the observed job still reports those builds."""
+    from pyspark.sql import Observation
+
+    fresh = sk.BroadcastModel(spark, mlp(N_FEATURES))  # no worker has it yet
+    observation = Observation("sorted")
+    frame = spark.createDataFrame(rows_with_bad_ones(), "id long, features array<double>") \
+        .repartition(8)  # every worker runs tasks of both jobs
+    out = fresh.transform(frame, "features", on_invalid="null", error_col="error",
+                          observe=observation).orderBy("id").collect()
+    assert [r.id for r in out] == list(range(30))
+    assert sorted(r.id for r in out if r.error is not None) == sorted(BAD)
+    figures = observation.get
+    assert figures["rows"] == 30 and figures["invalid_rows"] == 3, figures  # scored once
+    builds = sum(builds_by_worker(build_log, fresh.key).values())
+    assert figures["model_builds"] == builds >= 1, (figures, builds)
+    assert figures["build_seconds"] > 0
+
+
+def test_each_stage_of_a_query_reports_its_builds_once():
+    from spark_keras.spark.figures import BuildLedger
+
+    ledger = BuildLedger(keep=2)
+    ledger.add("m", "q1", 1, 0.5)  # built in the sampling stage 0
+    assert ledger.report("m", "q1", 0) == (1, 0.5)
+    assert ledger.report("m", "q1", 1) == (1, 0.5)  # the observed stage 1 reports it too
+    assert ledger.report("m", "q1", 1) == (0, 0.0)  # once
+    ledger.add("m", "q1", 1, 0.25)
+    assert ledger.report("m", "q1", 1) == (1, 0.25)
+    assert ledger.report("other", "q1", 1) == (0, 0.0)
+    assert ledger.report("m", "q2", 1) == (0, 0.0)  # another query: not its builds
+    ledger.add("m", "q3", 2, 1.0)  # keeps the last two (model, query) entries
+    assert ledger.report("m", "q1", 0) == (0, 0.0)
+
+
+def joined(spark):
+    """A join's output: ``id, tag, features, id, tag`` (two names twice)."""
+    left = spark.createDataFrame([(i, f"l{i}", r) for i, r in rows_with_bad_ones()],
+                                 "id long, tag string, features array<double>")
+    right = spark.createDataFrame([(i, f"r{i}") for i in range(30)], "id long, tag string")
+    return left.join(right, left.id == right.id)
+
+
+def test_error_col_and_observe_on_a_join_with_repeated_column_names(spark, bm):
+    from pyspark.sql import Observation
+
+    df = joined(spark)
+    assert df.columns == ["id", "tag", "features", "id", "tag"]
+    observation = Observation("joined")
+    out = bm.transform(df, "features", on_invalid="null", error_col="error",
+                       observe=observation)
+    assert out.columns == ["id", "tag", "features", "id", "tag", "prediction", "error"]
+    rows = out.collect()
+    assert sorted((r[0], r[1], r[3], r[4]) for r in rows) \
+        == [(i, f"l{i}", i, f"r{i}") for i in range(30)]
+    assert sorted(r[0] for r in rows if r.error is not None) == sorted(BAD)
+    assert all((r.prediction is None) == (r[0] in BAD) for r in rows)
+    figures = observation.get
+    assert figures["rows"] == 30 and figures["invalid_rows"] == 3, figures
+    with pytest.raises(sk.ModelInputError, match="input column 'tag' is ambiguous"):
+        bm.transform(df, "tag")
+
+
+def test_the_mapinarrow_path_takes_repeated_column_names(spark, bm):
+    """The path of ``profile=`` and of PySpark < 4.1 (``mapInArrow``, which names every
+    column of the DataFrame)."""
+    import functools
+
+    from pyspark.sql.types import StringType, StructField
+
+    from spark_keras.spark import scoring
+    from spark_keras.spark.types import prediction_type
+
+    fields = [StructField("prediction", prediction_type(bm.signature)),
+              StructField("error", StringType())]
+    score_batches = functools.partial(scoring._scored_columns, bm, ["features"], batch_size=64,
+                                      on_invalid="null", reasons=True, figures=False)
+    out = scoring._with_mapinarrow_columns(joined(spark), score_batches, ["features"],
+                                           fields, None)
+    assert out.columns == ["id", "tag", "features", "id", "tag", "prediction", "error"]
+    rows = out.collect()
+    assert sorted((r[1], r[4]) for r in rows) == sorted((f"l{i}", f"r{i}") for i in range(30))
+    assert sorted(r[0] for r in rows if r.error is not None) == sorted(BAD)

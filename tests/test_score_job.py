@@ -45,19 +45,32 @@ def write_features(path, ids, rows) -> None:
                              "features": pa.array(rows, pa.list_(pa.float32()))}), path)
 
 
-def summary(proc) -> tuple[int, dict]:
-    """``rows`` and ``builds_per_worker`` from the job's one SCORED line."""
+def summary(proc) -> dict:
+    """The figures of the job's one SCORED line."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SCORED ")]
     assert len(lines) == 1, (proc.stdout + proc.stderr)[-3000:]
-    found = re.fullmatch(r"SCORED rows=(\d+) invalid_rows=\d+ seconds=\S+ rows_per_second=\S+ "
-                         r"model_builds=\d+ build_seconds=\S+ builds_per_worker=(\{.*\})", lines[0])
+    found = re.fullmatch(r"SCORED rows=(\d+) invalid_rows=(\d+) seconds=\S+ rows_per_second=\S+ "
+                         r"model_builds=(\d+) build_seconds=(\S+)", lines[0])
     assert found, lines[0]
-    return int(found[1]), ast.literal_eval(found[2])
+    return {"rows": int(found[1]), "invalid_rows": int(found[2]),
+            "model_builds": int(found[3]), "build_seconds": float(found[4])}
 
 
-def assert_one_build_per_worker(builds: dict) -> None:
-    # local[2]: one or two Python workers, each built the model exactly once
-    assert 1 <= len(builds) <= 2 and set(builds.values()) == {1}, builds
+def assert_built_once_per_worker(figures: dict) -> None:
+    # local[2]: one or two Python workers, each built the model once, while the query ran
+    assert 1 <= figures["model_builds"] <= 2 and figures["build_seconds"] > 0, figures
+
+
+def executor_settings(event_log) -> dict:
+    """The Spark properties of the application logged in the folder ``event_log`` (one
+    log file, or a folder of rolled ones as Spark 4 writes it)."""
+    logs = [p for p in event_log.rglob("*")
+            if p.is_file() and not p.name.startswith((".", "appstatus"))]
+    for line in (line for log in logs for line in log.read_text().splitlines()):
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerEnvironmentUpdate":
+            return dict(event["Spark Properties"])
+    raise AssertionError(f"no environment in {logs}")
 
 
 @pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
@@ -72,9 +85,9 @@ def test_score_csv_with_format_overwriting_old_output(files):
                   "--format", "csv", "--output", str(out), "--features", ",".join(FEATURES),
                   "--batch-size", "64", "--overwrite", SPARK_KERAS_DAEMON_REPORT=str(reports))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows, builds = summary(proc)
-    assert rows == 250
-    assert_one_build_per_worker(builds)
+    figures = summary(proc)
+    assert figures["rows"] == 250 and figures["invalid_rows"] == 0
+    assert_built_once_per_worker(figures)
     # conf/spark-defaults.conf: workers forked from the preloading daemon
     daemons = [json.loads(p.read_text()) for p in reports.glob("daemon-*.json")]
     assert daemons and all(d["refused"] is None for d in daemons), daemons
@@ -99,16 +112,21 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     all_bad = [None, [1.0, 2.0], list(range(7)), [], nan_row, [1.0, None, 2.0, 3.0, 4.0, 5.0]]
     write_features(source / "part-b.parquet", range(1000, 1006), all_bad)
     out = folder / "holes-scored.parquet"
-    job_tmp = folder / "holes-tmp"  # the job's temporary folders (its build log)
+    job_tmp = folder / "holes-tmp"  # the job's temporary folders
     job_tmp.mkdir()
+    events = folder / "holes-events"  # Spark's event log: the settings the executors got
+    events.mkdir()
     proc = submit("--model", str(folder / "model.keras"), "--input", str(source),
                   "--output", str(out), "--features", "features", "--on-invalid", "null",
-                  TMPDIR=str(job_tmp))
+                  TMPDIR=str(job_tmp),
+                  SPARK_SUBMIT_OPTS=f"-Dspark.eventLog.enabled=true -Dspark.eventLog.compress="
+                                    f"false -Dspark.eventLog.dir=file://{events}")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows, builds = summary(proc)
-    assert rows == 48
-    assert_one_build_per_worker(builds)  # read from the build log the job made...
-    assert [p.name for p in job_tmp.glob("spark_keras_builds_*")] == []  # ...and removed
+    figures = summary(proc)
+    assert figures["rows"] == 48 and figures["invalid_rows"] == 8
+    assert_built_once_per_worker(figures)  # observed by the query, not read from a folder:
+    assert "spark.executorEnv.SPARK_KERAS_BUILD_LOG" not in executor_settings(events)
+    assert not list(job_tmp.glob("spark_keras_builds_*"))  # nor a folder on the driver
     scored = pd.read_parquet(out).sort_values("id")
     assert scored["id"].tolist() == list(range(42)) + list(range(1000, 1006))
     invalid = scored["id"].isin([20, 21]) | (scored["id"] >= 1000)
@@ -192,7 +210,7 @@ def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(fil
     out = folder / "connect-scored"
     out.mkdir()
     pd.DataFrame({"stale": [7, 8, 9]}).to_parquet(out / "part-old.parquet", index=False)
-    job_tmp = folder / "connect-tmp"  # the job's temporary folders (its build log)
+    job_tmp = folder / "connect-tmp"  # the job's temporary folders
     job_tmp.mkdir()
     before = set(os.listdir(folder))
     proc = run_score_job("--remote", "local[2]", "--model", "model.skp", "--input", "in.parquet",
@@ -200,10 +218,10 @@ def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(fil
                          "--batch-size", "64", "--overwrite", cwd=folder,
                          TMPDIR=str(job_tmp))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows, builds = summary(proc)
-    assert rows == 250
-    assert_one_build_per_worker(builds)  # read from the build log the job made...
-    assert [p.name for p in job_tmp.glob("spark_keras_builds_*")] == []  # ...and removed
+    figures = summary(proc)
+    assert figures["rows"] == 250 and figures["invalid_rows"] == 0
+    assert_built_once_per_worker(figures)  # observed through the Connect server
+    assert not [p.name for p in job_tmp.glob("spark_keras_builds_*")]  # no build log folder
     assert set(os.listdir(folder)) == before  # no staging folder left
     assert not (out / "part-old.parquet").exists()
     scored = pd.read_parquet(out).sort_values("id")  # only the new data
@@ -233,28 +251,40 @@ def test_connect_failures_are_one_line_and_leave_nothing(files, case):
 
 def test_connect_path_never_touches_the_jvm():
     """A Connect session has no SparkContext: every use of one (and of SparkConf) lives
-    in the classic-only code, which ``_open``/``_build_log_folder`` reach only without a
-    remote."""
-    import ast
-
-    with open(os.path.join(REPO_ROOT, "spark_keras", "jobs", "score.py"), encoding="utf-8") as f:
-        tree = ast.parse(f.read())
+    in classic-only code (the classic session, Hadoop's file operations), which the job's
+    ``_open`` reaches only without a remote."""
     jvm = {"sparkContext", "_jvm", "_jsc", "SparkConf"}
-    users = {top.name for top in tree.body if isinstance(top, (ast.FunctionDef, ast.ClassDef))
-             for node in ast.walk(top)
-             if (isinstance(node, ast.Attribute) and node.attr in jvm)
-             or (isinstance(node, ast.Name) and node.id in jvm)
-             or (isinstance(node, ast.alias) and node.name in jvm)}
-    assert users == {"_session", "HadoopPaths", "_classic_build_log"}, users
-    functions = {top.name: top for top in tree.body if isinstance(top, ast.FunctionDef)}
-    for name, classic in {"_open": {"_session", "HadoopPaths"},
-                          "_build_log_folder": {"_classic_build_log"}}.items():
-        # the first branch: ``if <remote>: ... return``, before any classic-only call
-        guard = next(node for node in functions[name].body if isinstance(node, ast.If))
-        assert "remote" in ast.unparse(guard.test), ast.unparse(guard)
-        before = functions[name].body[:functions[name].body.index(guard)]
-        assert not {n.id for s in before for n in ast.walk(s) if isinstance(n, ast.Name)} & classic
-        assert isinstance(guard.body[-1], ast.Return) and not guard.orelse
-        called = {n.func.id for n in ast.walk(guard) if isinstance(n, ast.Call)
-                  and isinstance(n.func, ast.Name)}
-        assert not called & classic, (name, called)
+
+    def tree_of(*parts: str) -> ast.Module:
+        with open(os.path.join(REPO_ROOT, "spark_keras", *parts), encoding="utf-8") as f:
+            return ast.parse(f.read())
+
+    def jvm_users(tree: ast.Module) -> set[str]:
+        return {top.name for top in tree.body
+                if isinstance(top, (ast.FunctionDef, ast.ClassDef))
+                for node in ast.walk(top)
+                if (isinstance(node, ast.Attribute) and node.attr in jvm)
+                or (isinstance(node, ast.Name) and node.id in jvm)
+                or (isinstance(node, ast.alias) and node.name in jvm)}
+
+    assert jvm_users(tree_of("jobs", "score.py")) == set()
+    assert jvm_users(tree_of("jobs", "score_errors.py")) == set()
+    assert jvm_users(tree_of("jobs", "score_session.py")) == {"classic_session"}
+    paths = tree_of("spark", "paths.py")
+    assert jvm_users(paths) == {"hadoop_filesystem"}
+    arrow = next(top for top in paths.body if getattr(top, "name", None) == "ArrowPaths")
+    assert not {n.id for n in ast.walk(arrow) if isinstance(n, ast.Name)} & {
+        "hadoop_filesystem", "hadoop_qualified"}
+    run = tree_of("jobs", "score_run.py")
+    assert jvm_users(run) == set()
+    classic = {"classic_session", "HadoopPaths"}
+    open_ = next(top for top in run.body if getattr(top, "name", None) == "_open")
+    # the first branch: ``if <remote>: ... return``, before any classic-only call
+    guard = next(node for node in open_.body if isinstance(node, ast.If))
+    assert "remote" in ast.unparse(guard.test), ast.unparse(guard)
+    before = open_.body[:open_.body.index(guard)]
+    assert not {n.id for s in before for n in ast.walk(s) if isinstance(n, ast.Name)} & classic
+    assert isinstance(guard.body[-1], ast.Return) and not guard.orelse
+    called = {n.func.id for n in ast.walk(guard) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name)}
+    assert not called & classic, called

@@ -2,7 +2,8 @@
 
 Each job is a module with ``main(argv, prog) -> int`` that is also runnable as a file, so
 that ``spark-submit`` (which takes a ``.py`` file, not a module) can run it from the
-installed package: :func:`job_file` gives its path.
+installed package: :func:`job_file` gives its path. A job's other parts are modules named
+after it (``score_run``, ``score_session``, ``score_errors``): only :data:`JOBS` are jobs.
 """
 
 from __future__ import annotations
