@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs,threads,operations] [--write]`.
+"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs,threads,operations,isolation] [--write]`.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -100,8 +100,17 @@ def _operations(args: argparse.Namespace) -> Shown:
     return {"operations": rows}, TITLES["operations"], [table(rows, floatfmt="{:,.3f}")], []
 
 
+def _isolation(args: argparse.Namespace) -> Shown:
+    from . import isolation_bench
+
+    rows = isolation_bench.run(quick=args.quick)
+    return ({"isolation": rows}, TITLES["isolation"], [table(rows, floatfmt="{:,.3f}")],
+            targets.isolation_targets(rows))
+
+
 RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
-           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations}
+           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
+           "isolation": _isolation}
 SECTIONS = tuple(RUNNERS)
 
 

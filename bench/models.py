@@ -97,19 +97,56 @@ def _decode_png_class() -> type:
     return DecodePng
 
 
-def decode_png_class() -> type:
-    """``DecodePng``, made and registered with Keras on the first call in this process."""
-    cls = globals().get("DecodePng")
+def _assert_below_class() -> type:
+    """A layer passing its input through after ``tf.debugging.assert_less(x, limit)``: a
+    model that raises in its graph on a row holding a value over the limit (the row
+    isolation section's failing rows). Made on first use, as DecodePng."""
+    import keras
+
+    @keras.saving.register_keras_serializable(package="spark_keras_bench")
+    class AssertBelow(keras.layers.Layer):
+        """Its input, after checking every value is below ``limit``."""
+
+        def __init__(self, limit: float = 10.0, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.limit = limit
+
+        def call(self, x: Any) -> Any:
+            import tensorflow as tf
+
+            tf.debugging.assert_less(x, tf.cast(self.limit, x.dtype), message="over the limit")
+            return x
+
+        def get_config(self) -> dict:
+            return {**super().get_config(), "limit": self.limit}
+
+    AssertBelow.__module__, AssertBelow.__qualname__ = __name__, "AssertBelow"
+    return AssertBelow
+
+
+# the layers made (and registered with Keras) on first use, by name
+_LAYERS = {"DecodePng": _decode_png_class, "AssertBelow": _assert_below_class}
+
+
+def layer_class(name: str) -> type:
+    """The layer ``name`` of :data:`_LAYERS`, made and registered on the first call in
+    this process."""
+    cls = globals().get(name)
     if cls is None:
-        cls = globals()["DecodePng"] = _decode_png_class()
+        cls = globals()[name] = _LAYERS[name]()
     return cls
 
 
+def decode_png_class() -> type:
+    """``DecodePng``, made and registered with Keras on the first call in this process."""
+    return layer_class("DecodePng")
+
+
 def __getattr__(name: str) -> Any:
-    """``bench.models.DecodePng`` (made on first access): how a worker unpickling a model
-    that uses the layer finds it, by reference."""
-    if name == "DecodePng":
-        return decode_png_class()
+    """``bench.models.DecodePng`` / ``AssertBelow`` (made on first access): how a worker
+    unpickling a model that uses the layer finds it, by reference."""
+    if name in _LAYERS:
+        return layer_class(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -138,3 +175,16 @@ def gru_model() -> Any:
     keras.utils.set_random_seed(9)
     inp = keras.Input((None, 3), name="sequence")
     return keras.Model(inp, layers.Dense(2)(layers.GRU(16)(inp)), name="gru_any_length")
+
+
+def asserting_mlp_model(features: int = 64, width: int = 256, limit: float = 10.0) -> Any:
+    """The scoring MLP's shape behind an AssertBelow(limit): raises on a row holding a
+    value of ``limit`` or more."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(10)
+    inp = keras.Input((features,), name="features")
+    x = layers.Dense(width, activation="relu")(layer_class("AssertBelow")(limit)(inp))
+    x = layers.Dense(width, activation="relu")(x)
+    return keras.Model(inp, layers.Dense(8)(x), name="asserting_mlp")

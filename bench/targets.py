@@ -140,3 +140,22 @@ def coldstart_targets(rows: list[dict]) -> list[str]:
             status, _, detail = row["goal"].partition(": ")
             out.append(f"[{status}] {row['measure'].strip()}, preloading daemon: {detail}")
     return out
+
+
+CLEAN_ISOLATION = 0.97  # on_invalid="null" on clean input against "error", median of rounds
+FAILING_ISOLATION = 0.8  # 1 failing row per 10,000 against clean "error"
+
+
+def isolation_targets(rows: list[dict]) -> list[str]:
+    """Row isolation: free on clean batches, and 1 failing row per 10,000 costs at most
+    a fifth of the throughput, for each model (medians of the per-round ratios)."""
+    out = []
+    for r in rows:
+        ratio = r["x 'error' clean, median of rounds"]
+        if "'null', clean" in r["transform"]:
+            out.append(_target(f"{r['model']}: on_invalid='null' on clean input >= "
+                               f"{CLEAN_ISOLATION:g}x 'error'", ratio, ratio >= CLEAN_ISOLATION))
+        elif "failing" in r["transform"]:
+            out.append(_target(f"{r['model']}: 1 failing row per 10,000 >= "
+                               f"{FAILING_ISOLATION:g}x clean", ratio, ratio >= FAILING_ISOLATION))
+    return out

@@ -126,6 +126,20 @@ def test_bench_operations_quick_measures_every_mode_against_plain_for_both_model
             assert row["x plain"] == row["x plain, median of rounds"] == "1.000", row
 
 
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
+def test_bench_isolation_quick_times_every_mode_of_both_models():
+    """Both models' three modes; the bench checked that the failing runs' null rows are
+    exactly the failing rows (it would have failed)."""
+    from bench import isolation_bench
+
+    out = _quick_bench("isolation", timeout=1200)
+    rows = _printed_table(out, "x 'error' clean, median of rounds")
+    assert [(r["model"], r["transform"]) for r in rows] == [
+        (m, mode) for m, _, _ in isolation_bench.MODELS for mode in isolation_bench.MODES]
+    assert all(float(r["rows/s"].replace(",", "")) > 0 for r in rows)
+    assert "1 failing row per 10,000 >= 0.8x clean" in out  # the targets
+
+
 def test_a_partial_write_keeps_the_other_sections(tmp_path):
     # a file from before sections recorded their runs: the header names the run
     (tmp_path / "benchmarks.md").write_text(
