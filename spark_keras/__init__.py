@@ -7,18 +7,9 @@ from __future__ import annotations
 
 from ._version import __version__
 
+from . import errors as _errors  # noqa: E402
 from .cache import cache_info, configure_cache  # noqa: E402
-from .errors import (  # noqa: E402
-    ArgumentError,
-    ArgumentTypeError,
-    ModelError,
-    MissingDependencyError,
-    ModelInputError,
-    PayloadError,
-    PreprocessError,
-    SparkKerasError,
-    StorageError,
-)
+from .errors import *  # noqa: E402,F401,F403  (every error class, as errors.__all__ lists them)
 from .payload import dumps, is_payload, load, loads, make_picklable, save  # noqa: E402
 
 __all__ = [
@@ -29,19 +20,26 @@ __all__ = [
     "load",
     "is_payload",
     "make_picklable",
-    "BroadcastModel",
     "cache_info",
     "configure_cache",
-    "SparkKerasError",
-    "PayloadError",
-    "StorageError",
-    "ModelInputError",
-    "PreprocessError",
-    "MissingDependencyError",
-    "ModelError",
-    "ArgumentError",
-    "ArgumentTypeError",
+    *_errors.__all__,
 ]
+
+
+def _has_pyspark() -> bool:
+    """Whether PySpark can be found, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("pyspark") is not None
+    except (ImportError, ValueError):  # blocked, or a None placeholder in sys.modules
+        return False
+
+
+# `from spark_keras import *` gives BroadcastModel where PySpark (the `spark` extra) is
+# installed, and works without it
+if _has_pyspark():
+    __all__.append("BroadcastModel")
 
 
 def __getattr__(name: str):

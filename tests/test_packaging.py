@@ -194,6 +194,52 @@ def test_wheel_declares_no_framework_and_an_extra_for_each(installed):
     assert "spark-keras = spark_keras.cli:main" in entry_points
 
 
+def test_wheel_python_keras_and_hub_requirements(installed):
+    """The Python versions named agree with Requires-Python; the Keras floor is the first
+    release the payload's state capture works with (3.14); ``hub`` gives keras-hub on
+    Linux too, ``hub-deps`` its dependencies without it."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    _, meta, _ = wheel_metadata(installed["wheel"])
+    python = SpecifierSet(meta["Requires-Python"])
+    named = [c.rsplit(":: ", 1)[1] for c in meta.get_all("Classifier")
+             if c.startswith("Programming Language :: Python :: 3.")]
+    assert named and all(v in python for v in named), (python, named)
+    lowest = min(v for v in (f"3.{m}" for m in range(20)) if v in python)
+    assert lowest in named, (python, named)
+    requires = [Requirement(r) for r in meta.get_all("Requires-Dist")]
+    [keras] = [r for r in requires if r.name == "keras" and r.marker is None]
+    assert "3.14" in keras.specifier and "3.13.9" not in keras.specifier, keras
+
+    def extra(name: str, platform: str) -> set[str]:
+        return {r.name for r in requires if r.marker is not None
+                and r.marker.evaluate({"extra": name, "sys_platform": platform})}
+
+    for platform in ("linux", "darwin", "win32"):
+        assert "keras-hub" in extra("hub", platform), platform
+        assert "keras-hub" not in extra("hub-deps", platform) and \
+            {"sentencepiece", "tokenizers", "regex"} <= extra("hub-deps", platform), platform
+
+
+def test_a_star_import_works_without_pyspark():
+    """``from spark_keras import *`` without the spark extra gives everything but
+    BroadcastModel; with PySpark it gives BroadcastModel too; every error class the
+    package raises is exported."""
+    import spark_keras.errors
+
+    show = ("_before = set(dir())\nfrom spark_keras import *\n"
+            "print(sorted(n for n in set(dir()) - _before if not n.startswith('_')))\n")
+    without = run_python(BLOCK.format(names=["pyspark"]) + show)
+    assert without.returncode == 0, without.stderr[-3000:]
+    names = set(eval(without.stdout.strip().splitlines()[-1]))
+    assert set(spark_keras.errors.__all__) <= names, set(spark_keras.errors.__all__) - names
+    assert "BroadcastModel" not in names and "dumps" in names, names
+    with_spark = run_python(show)
+    assert with_spark.returncode == 0, with_spark.stderr[-3000:]
+    assert set(eval(with_spark.stdout.strip().splitlines()[-1])) == names | {"BroadcastModel"}
+
+
 def installed_env(installed: dict, **env: str) -> dict:
     """This environment with only the installed copy importable (PYTHONPATH=site; the
     checkout's editable install comes after it on sys.path), no SPARK_REMOTE."""
