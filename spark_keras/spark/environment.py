@@ -46,12 +46,24 @@ def check_daemon(sc: Any) -> None:
 
 
 def _holds_package(entry: str) -> bool:
-    """True if the ``--py-files`` entry is a local zip holding ``spark_keras/__init__.py``."""
+    """True if the ``--py-files`` entry puts the spark_keras package on a task's
+    ``sys.path``: a local zip (or egg, wheel) with ``spark_keras/__init__.py`` at its
+    root, or a local folder that is the package or holds it. Decided by what the entry
+    holds, not its name (a user's ``spark_keras_udfs.py`` is not the package); an entry
+    the driver cannot read (``hdfs:``, ``s3a:``, ``http:``...) is not looked into."""
     path = entry.strip()
-    if path.startswith("file:"):
-        path = path[len("file:"):].lstrip("/")
-        path = "/" + path
-    if not path or not os.path.isfile(path) or not zipfile.is_zipfile(path):
-        return os.path.basename(path).startswith("spark_keras")
+    for scheme in ("file:", "local:"):
+        if path.startswith(scheme):
+            path = "/" + path[len(scheme):].lstrip("/")
+    if not path or "://" in path:
+        if path:
+            logger.debug("--py-files entry %s not looked into (not a local path)", path)
+        return False
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, "spark_keras", "__init__.py")) or (
+            os.path.basename(os.path.normpath(path)) == "spark_keras"
+            and os.path.isfile(os.path.join(path, "__init__.py")))
+    if not os.path.isfile(path) or not zipfile.is_zipfile(path):
+        return False
     with zipfile.ZipFile(path) as archive:
-        return any(n.endswith("spark_keras/__init__.py") for n in archive.namelist())
+        return "spark_keras/__init__.py" in archive.namelist()
