@@ -14,6 +14,14 @@ workers do not write to, and copy, the pages they share with it), and a model th
 the cache is reclaimed by :func:`refreeze`. Elsewhere (a driver, a notebook, Dask or pool
 workers, which collect far less often) nothing is frozen unless
 ``SPARK_KERAS_GC_FREEZE=1``; ``SPARK_KERAS_GC_FREEZE=0`` turns it off everywhere.
+
+A process forked from one that froze (a worker of the preloading daemon) inherits the
+frozen objects, and shares their pages with its parent. It freezes nothing of its own:
+Python has no partial unfreeze, and ``gc.unfreeze`` followed by a collection would walk,
+and so write to and copy, every inherited object (about 100 MB of a worker's shared
+pages). Its own objects (the models it builds) stay in the collector's generations, so a
+collection reclaims a dropped model's cycles, and each one walks only what the worker
+made since the fork (about a thousand objects for a small model).
 """
 
 from __future__ import annotations
@@ -23,6 +31,10 @@ import os
 
 
 ENV = "SPARK_KERAS_GC_FREEZE"
+
+# the process whose gc.freeze made the frozen objects (None: none of ours); a forked
+# child inherits the value, which then names its parent
+_frozen_by: int | None = None
 
 
 def enabled() -> bool:
@@ -34,22 +46,38 @@ def enabled() -> bool:
     return "PYTHON_WORKER_FACTORY_SECRET" in os.environ
 
 
+def inherited() -> bool:
+    """True in a process forked after its parent froze objects: they are its parent's
+    (their pages shared with it), and this process must not unfreeze them."""
+    return _frozen_by is not None and _frozen_by != os.getpid() and gc.get_freeze_count() > 0
+
+
 def freeze(collect: bool = True) -> int:
     """Collect once (unless ``collect`` is False: nothing to collect, as after imports),
     then freeze every object the collector tracks; how many are frozen (0 when turned
-    off)."""
+    off). In a process whose frozen objects are inherited (:func:`inherited`) nothing
+    more is frozen."""
+    global _frozen_by
     if not enabled():
         return 0
+    if inherited():
+        return gc.get_freeze_count()
     if collect:
         gc.collect()
     gc.freeze()
+    _frozen_by = os.getpid()
     return gc.get_freeze_count()
 
 
 def refreeze() -> int:
     """Unfreeze, so that cycles among frozen objects that nothing references any more (a
-    model dropped from the cache) are collected, then :func:`freeze` again."""
+    model dropped from the cache) are collected, then :func:`freeze` again. In a process
+    whose frozen objects are inherited, only collect: its own objects were never frozen,
+    and the inherited ones stay frozen (and shared)."""
     if not enabled():
         return 0
+    if inherited():
+        gc.collect()
+        return gc.get_freeze_count()
     gc.unfreeze()
     return freeze()
