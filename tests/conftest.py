@@ -16,6 +16,32 @@ for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "
                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
     os.environ.setdefault(_name, _value)
 
+
+def _temporary_spark_home() -> None:
+    """Point SPARK_HOME at a temporary folder of links to the installed PySpark's files,
+    removed at exit. A local-cluster worker writes its executors' logs and files under
+    ``$SPARK_HOME/work``, ignoring SPARK_WORKER_DIR (LocalSparkCluster gives its workers
+    no work dir): without this every local-cluster test run would leave a folder in the
+    venv's ``pyspark/work``. A SPARK_HOME already set is kept."""
+    import atexit
+    import importlib.util
+    import shutil
+    import tempfile
+
+    spec = importlib.util.find_spec("pyspark") if "SPARK_HOME" not in os.environ else None
+    if spec is None or not spec.origin:
+        return
+    installed = os.path.dirname(spec.origin)
+    home = tempfile.mkdtemp(prefix="spark-keras-tests-spark-home-")
+    for entry in os.listdir(installed):
+        if entry != "work":
+            os.symlink(os.path.join(installed, entry), os.path.join(home, entry))
+    os.environ["SPARK_HOME"] = home
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+
+
+_temporary_spark_home()
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
