@@ -177,3 +177,20 @@ def test_pandas_nullable_columns_and_integer_labels_in_dask_and_the_pool(dask_ha
                        on_invalid="null").compute().to_numpy()
     assert np.isnan(got[1]).all()
     np.testing.assert_allclose(got[[0, 2]], expected, atol=1e-6)
+
+
+def test_predict_udf_takes_a_ddl_return_type(spark, bm, expected):
+    """``return_type`` as a DDL string, as ``pandas_udf`` takes it (the UDF of PySpark
+    >= 4.1 is an ``arrow_udf``, which needs a DataType)."""
+    from pyspark.sql.types import ArrayType, DoubleType
+
+    df = frame(spark, GOOD[1])  # three good rows
+    out = df.select("id", bm.predict_udf(return_type="array<double>")("f").alias("p"))
+    assert out.schema["p"].dataType == ArrayType(DoubleType())
+    got = np.array([r.p for r in out.orderBy("id").collect()])
+    np.testing.assert_allclose(got[[0, 2]], expected, atol=1e-6)
+    assert bm.predict_udf(return_type=" DOUBLE ").returnType == DoubleType()
+    with pytest.raises(sk.ArgumentError, match=r"return_type 'array<doubel>' is not a Spark SQL"):
+        bm.predict_udf(return_type="array<doubel>")
+    with pytest.raises(sk.ArgumentTypeError, match="return_type must be a pyspark.sql.types"):
+        bm.predict_udf(return_type=3)

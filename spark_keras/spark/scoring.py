@@ -9,7 +9,6 @@ import functools
 import itertools
 from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
-import numpy as np
 import pyarrow as pa
 
 from ..errors import ArgumentError, ArgumentTypeError, ModelInputError
@@ -18,8 +17,9 @@ from ..inference import columns as cols
 from ..inference.engine import Scored, check_batch_size, check_on_invalid, score
 from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
+from . import figures as build_figures
 from .resources import check_profile
-from .types import prediction_type
+from .types import prediction_type, spark_type
 
 
 def _column_name(col: Any) -> str:
@@ -41,7 +41,8 @@ class PredictUDF:
                  batch_size: int, on_invalid: str = "error") -> None:
         check_on_invalid(on_invalid)
         self.handle = handle
-        self.returnType = return_type if return_type is not None else prediction_type(handle.signature)
+        self.returnType = spark_type(return_type) if return_type is not None \
+            else prediction_type(handle.signature)
         self.batch_size = check_batch_size(batch_size)
         self.on_invalid = on_invalid
 
@@ -123,9 +124,15 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     batch_size = check_batch_size(batch_size)
     _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
-    missing = [c for c in names if c not in df.columns]
+    columns = df.columns
+    missing = [c for c in names if c not in columns]
     if missing:
-        raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {df.columns}")
+        raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {columns}")
+    for c in names:
+        if columns.count(c) > 1:
+            raise ModelInputError(f"input column {c!r} is ambiguous: the DataFrame has "
+                                  f"{columns.count(c)} columns of that name ({columns}); "
+                                  f"rename or drop one first")
     if output_col in df.columns:
         raise ModelInputError(f"output column {output_col!r} already exists in the DataFrame")
     fields = [StructField(output_col, prediction_type(handle.signature))]
@@ -166,8 +173,11 @@ def _scored_columns(handle: ModelHandle, names: list[str],
                     batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
                     on_invalid: str, reasons: bool, figures: bool) -> Iterator[list[pa.Array]]:
     """Per batch of input columns (in ``names`` order): the prediction, the reasons
-    (``reasons``) and the hidden figures column (``figures``)."""
-    seen = _builds(handle) if figures else None
+    (``reasons``) and the hidden figures columns (``figures``: the builds this process
+    made for this query that this stage has not reported, see :mod:`.figures`)."""
+    if figures:
+        query, stage = build_figures.task_ids()
+        seen = build_figures.builds_of(handle.key)
     for arrays in batches:
         scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
                        on_invalid=on_invalid, reasons=reasons)
@@ -175,10 +185,13 @@ def _scored_columns(handle: ModelHandle, names: list[str],
         if reasons:
             out.append(_reasons(scored))
         if figures:
-            now = _builds(handle)
-            out += _builds_columns(scored.rows, now[0] - seen[0], now[1] - seen[1])
-            if scored.rows:  # else the builds go with the next batch
-                seen = now
+            now = build_figures.builds_of(handle.key)
+            build_figures.ledger.add(handle.key, query, now[0] - seen[0], now[1] - seen[1])
+            seen = now
+            # an empty batch cannot carry them: they go with the next batch
+            reported = build_figures.ledger.report(handle.key, query, stage) if scored.rows \
+                else (0, 0.0)
+            out += build_figures.builds_columns(scored.rows, *reported)
         yield out
 
 
@@ -188,6 +201,12 @@ def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fiel
     ``profile`` if given)."""
     from pyspark.sql.types import StructType
 
+    columns = df.columns
+    if len(set(columns)) < len(columns):
+        # mapInArrow names every column of df (a join's output may hold two of one name):
+        # the repeated ones travel under unique names and get theirs back after
+        df = df.toDF(*[c if columns.count(c) == 1 else f"__spark_keras_column_{i}"
+                       for i, c in enumerate(columns)])
     schema = StructType(df.schema.fields + fields)
     out_names = [f.name for f in fields]
 
@@ -199,8 +218,9 @@ def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fiel
                                              names=[*batch.schema.names, *out_names])
 
     # PySpark 3.5's mapInArrow has no profile parameter
-    return df.mapInArrow(predict, schema) if profile is None \
+    scored = df.mapInArrow(predict, schema) if profile is None \
         else df.mapInArrow(predict, schema, profile=profile)
+    return scored if df.columns == columns else scored.toDF(*columns, *out_names)
 
 
 def _arrow_udf_of(score_batches: Any, n_inputs: int, fields: list) -> Any:
@@ -235,16 +255,17 @@ def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list, observe
 
     The observation sits right over the udf's struct of results, so the one projection
     that unpacks it also drops the hidden columns (observing the unpacked columns would
-    need a second projection after it to drop them, copying every row again)."""
+    need a second projection after it to drop them, copying every row again; Spark
+    collapses ``withColumns`` and ``drop`` into one). The columns of ``df`` are never
+    named again: a join's output may hold two columns of one name."""
     inputs = [_column(c) for c in names]
     if len(fields) == 1:
         return df.withColumn(fields[0].name, udf(*inputs))
     results = df.withColumn(_RESULTS, udf(*inputs))
     if observe is not None:
         results = results.observe(observe, *_metrics(_column(_RESULTS).getField, fields[0].name))
-    return results.select(*[_column(c) for c in df.columns],
-                          *[_column(_RESULTS)[f.name].alias(f.name)
-                            for f in fields if f.name not in _HIDDEN])
+    return results.withColumns({f.name: _column(_RESULTS)[f.name]
+                                for f in fields if f.name not in _HIDDEN}).drop(_RESULTS)
 
 
 def _column(name: str) -> Any:
@@ -286,28 +307,11 @@ def _check_observe(observe: Any) -> None:
                                 f"name (streaming queries), not {observe!r}")
 
 
-def _builds(handle: ModelHandle) -> tuple[int, float]:
-    """This process's builds of ``handle``'s model so far (any device), and their seconds."""
-    from ..cache import model_cache
-
-    return model_cache.builds_of(handle.key)
-
-
 def _reasons(scored: Scored) -> pa.Array:
     """Why each row was not scored (null for scored rows), as an Arrow string column."""
     if scored.reasons is None:
         return pa.nulls(scored.rows, pa.string())
     return pa.array(scored.reasons, type=pa.string())
-
-
-def _builds_columns(rows: int, builds: int, seconds: float) -> list[pa.Array]:
-    """The hidden columns of one batch: null but on its first row, which holds the model
-    builds this process made (and their seconds) while scoring it (and any empty batch
-    before it)."""
-    valid = np.zeros(rows, dtype=bool)
-    valid[:1] = True
-    return [pa.array(np.full(rows, value, dtype=dtype), mask=~valid)
-            for value, dtype in ((builds, np.int64), (seconds, np.float64))]
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,

@@ -1,0 +1,87 @@
+"""The build figures of an observed transform, made in the Python workers.
+
+A worker process counts the model builds it made while scoring each query (a Spark SQL
+execution) and hands them to the first batch of each stage of that query it scores.
+Spark runs the scoring plan in more than one job for some queries: a sort (``orderBy``)
+first runs a sampling job over the same plan, whose observation Spark discards, so the
+model is built there and found cached by the observed job. Reporting the query's builds
+to every stage (each stage once) brings the sampling job's builds into the observed one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Hashable
+
+import numpy as np
+import pyarrow as pa
+
+# how many recent queries a process keeps figures for (one entry per model and query)
+_KEEP = 64
+
+
+class BuildLedger:
+    """Per process: the builds of each model made while scoring each query, and what
+    each stage of that query has already reported of them."""
+
+    def __init__(self, keep: int = _KEEP) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        # (model key, query) -> [builds, seconds, {stage: (builds, seconds) reported}]
+        self._queries: OrderedDict[tuple[str, Hashable], list[Any]] = OrderedDict()
+
+    def _entry(self, key: str, query: Hashable) -> list[Any]:
+        entry = self._queries.get((key, query))
+        if entry is None:
+            entry = self._queries[(key, query)] = [0, 0.0, {}]
+            while len(self._queries) > self._keep:
+                self._queries.popitem(last=False)
+        self._queries.move_to_end((key, query))
+        return entry
+
+    def add(self, key: str, query: Hashable, builds: int, seconds: float) -> None:
+        """Record ``builds`` of model ``key`` (taking ``seconds``) made scoring ``query``."""
+        with self._lock:
+            entry = self._entry(key, query)
+            entry[0] += builds
+            entry[1] += seconds
+
+    def report(self, key: str, query: Hashable, stage: Hashable) -> tuple[int, float]:
+        """The builds (and seconds) of ``key`` made for ``query`` that ``stage`` has not
+        reported yet, now counted as reported by it."""
+        with self._lock:
+            entry = self._entry(key, query)
+            builds, seconds = entry[2].get(stage, (0, 0.0))
+            entry[2][stage] = (entry[0], entry[1])
+            return entry[0] - builds, entry[1] - seconds
+
+
+ledger = BuildLedger()
+
+
+def task_ids() -> tuple[Hashable, Hashable]:
+    """(query, stage) of the Spark task this process runs: the SQL execution id and the
+    stage id, (None, None) outside a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return None, None
+    return context.getLocalProperty("spark.sql.execution.id"), context.stageId()
+
+
+def builds_of(key: str) -> tuple[int, float]:
+    """This process's builds of model ``key`` so far (any device), and their seconds."""
+    from ..cache import model_cache
+
+    return model_cache.builds_of(key)
+
+
+def builds_columns(rows: int, builds: int, seconds: float) -> list[pa.Array]:
+    """The hidden columns of one batch: null but on its first row, which holds the
+    builds reported with it (and their seconds)."""
+    valid = np.zeros(rows, dtype=bool)
+    valid[:1] = True
+    return [pa.array(np.full(rows, value, dtype=dtype), mask=~valid)
+            for value, dtype in ((builds, np.int64), (seconds, np.float64))]
