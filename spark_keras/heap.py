@@ -21,7 +21,8 @@ Python has no partial unfreeze, and ``gc.unfreeze`` followed by a collection wou
 and so write to and copy, every inherited object (about 100 MB of a worker's shared
 pages). Its own objects (the models it builds) stay in the collector's generations, so a
 collection reclaims a dropped model's cycles, and each one walks only what the worker
-made since the fork (about a thousand objects for a small model).
+made since the fork: about 2,400 objects (0.4 ms) with a small MLP built and called,
+19,000 (a few ms) with MobileNetV2, against the daemon's 420,000 it skips.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The preloading daemon (``spark.python.daemon.module=spark_keras.spark.daemon``):
 workers fork from a daemon that imported TensorFlow, Keras and the SPARK_KERAS_PRELOAD
-modules without starting TensorFlow's runtime or any thread, score bit-identically on
-every path (with ``spark.python.worker.reuse=false``, after a worker is killed), and a
-daemon that cannot fork safely becomes the stock one."""
+modules without starting TensorFlow's runtime or any thread a fork does not stop (BLAS
+pools of tasks with two CPUs are stopped by a fork), score bit-identically on every
+path (with ``spark.python.worker.reuse=false``, after a worker is killed), keep sharing
+the daemon's pages when they drop a model, and a daemon that cannot fork safely becomes
+the stock one."""
 
 from __future__ import annotations
 
@@ -123,6 +125,38 @@ def test_a_worker_killed_mid_task_is_replaced_and_no_row_is_lost(spark):
                                   predictor_for(model)([x], 1024)[0])
 
 
+def test_dropping_a_model_keeps_the_pages_a_worker_shares_with_the_daemon(spark, build_log):
+    """A worker that drops a model (``release_stale`` after an ``unpersist``, an LRU
+    eviction, ``clear``) reclaims it without walking, and so copying, the daemon's frozen
+    objects: its private memory grew by ~100 MB when it unfroze them."""
+    bm = sk.BroadcastModel(spark, scaled_mlp())
+    x = np.ones((8, 6), "float32")
+
+    def task(_):
+        import gc
+        import weakref
+
+        from spark_keras.cache import model_cache
+
+        def private_dirty_mb():
+            with open("/proc/self/smaps_rollup") as f:
+                return next(int(line.split()[1]) for line in f
+                            if line.startswith("Private_Dirty:")) / 1024
+
+        inherited = gc.get_freeze_count()  # the daemon's, before this worker built anything
+        model = weakref.ref(bm.value)
+        bm.predict_partition(list(x))
+        before = private_dirty_mb()
+        model_cache.drop(bm.key)  # what release_stale does for an unpersisted model
+        yield os.getppid(), inherited, model() is None, private_dirty_mb() - before
+
+    (ppid, inherited, collected, growth), = \
+        spark.sparkContext.parallelize([0], 1).mapPartitions(task).collect()
+    assert daemon_reports(build_log)[ppid]["refused"] is None and inherited > 100_000, inherited
+    assert collected  # the dropped model's cycles are reclaimed
+    assert growth < 30, growth  # 0-1 MB; 97 MB when the worker unfroze the daemon's objects
+
+
 # --- the fork checks, on the daemon process itself ------------------------------------
 
 @pytest.mark.parametrize("preload, reason", [
@@ -131,8 +165,39 @@ def test_a_worker_killed_mid_task_is_replaced_and_no_row_is_lost(spark):
     ("tests.no_such_module", "preloading failed: SparkKerasError: cannot preload 'tests.no_such_module'"),
 ])
 def test_a_daemon_that_cannot_fork_safely_becomes_the_stock_one(tmp_path, preload, reason):
-    # OMP_NUM_THREADS=1, as Spark sets it for its Python workers (one BLAS thread)
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, SPARK_KERAS_PRELOAD=preload, OMP_NUM_THREADS="1",
+    becomes_the_stock_daemon(tmp_path, preload, reason)
+
+
+def test_a_native_thread_that_survives_a_fork_still_refuses_with_two_cpus(tmp_path):
+    """With 2 CPUs numpy's and scipy's BLAS pools run too, their threads named as the main
+    thread, as is this one: the fork probe tells them apart by thread id."""
+    becomes_the_stock_daemon(tmp_path, "tests.preload.starts_native_thread",
+                             r"preloading left 2 threads running across a fork "
+                             r"\(1 started by preloading: python\)", cpus="2")
+
+
+def test_a_daemon_with_two_cpus_preloads_though_blas_started_threads(tmp_path):
+    """Spark gives a daemon ``OMP_NUM_THREADS=<task CPUs>``: numpy's and scipy's OpenBLAS
+    (scipy also comes with TensorFlow here) start pool threads as they load. A fork stops
+    them (OpenBLAS's fork handler): the daemon preloads and forks with no other thread."""
+    report, cmdline, stderr = start_daemon(tmp_path, "scipy.linalg", cpus="2")
+    assert report["refused"] is None and b"spark_keras.spark.daemon" in cmdline, report
+    assert "scipy.linalg" in report["preloaded"] and "spark_keras daemon" not in stderr, stderr
+    assert len(report["threads"]) >= 3 and report["threads_at_fork"] == ["python"], report
+
+
+def becomes_the_stock_daemon(tmp_path, preload: str, reason: str, cpus: str = "1") -> None:
+    """Start the daemon as Spark does; check it became the stock one for ``reason``."""
+    report, cmdline, stderr = start_daemon(tmp_path, preload, cpus)
+    assert b"pyspark.daemon" in cmdline  # the same process, now the stock daemon
+    assert "spark_keras daemon: " in stderr and "using the stock PySpark daemon" in stderr, stderr
+    assert report["refused"] and re.search(reason, report["refused"]), report
+
+
+def start_daemon(tmp_path, preload: str, cpus: str) -> tuple[dict, bytes, str]:
+    """Start the daemon as Spark does, with ``OMP_NUM_THREADS`` the task's CPUs (as Spark
+    sets it), and stop it once it told its port; its report, command line and stderr."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, SPARK_KERAS_PRELOAD=preload, OMP_NUM_THREADS=cpus,
                SPARK_KERAS_DAEMON_REPORT=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", DAEMON], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -140,11 +205,9 @@ def test_a_daemon_that_cannot_fork_safely_becomes_the_stock_one(tmp_path, preloa
         port = struct.unpack("!i", proc.stdout.read(4))[0]  # what Spark reads first
         assert 0 < port < 65536
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
-            assert b"pyspark.daemon" in f.read()  # the same process, now the stock daemon
+            cmdline = f.read()
     finally:
         proc.stdin.close()  # the daemon's signal to shut down
         proc.wait(timeout=60)
         stderr = proc.stderr.read().decode()
-    assert "spark_keras daemon: " in stderr and "using the stock PySpark daemon" in stderr, stderr
-    report = daemon_reports(str(tmp_path))[proc.pid]
-    assert report["refused"] and re.search(reason, report["refused"]), report
+    return daemon_reports(str(tmp_path))[proc.pid], cmdline, stderr

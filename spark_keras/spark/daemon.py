@@ -14,11 +14,26 @@ their pages shared copy-on-write with the daemon.
 Forking is only safe when the parent runs no other thread (a lock one holds would stay
 locked in every child) and has not initialized TensorFlow's runtime (its thread pools and
 eager context do not survive a fork) nor its devices (listing them initializes CUDA on a
-GPU host). Importing does none of these; the daemon checks all three after preloading
-(counting the threads preloading started: one that ran before, an allocator's thread from
-``LD_PRELOAD`` say, runs in the stock daemon too), and otherwise replaces itself with the
-stock daemon (same process, same pipes, nothing written yet), logging one line saying
-why. So does a failed import, and a PySpark whose daemon it does not know. Arrow's
+GPU host). Importing starts neither, but it does start threads: OpenBLAS (numpy's, and
+scipy's own copy, which TensorFlow's imports load) starts ``OMP_NUM_THREADS - 1`` idle
+pool threads as it loads, and Spark gives the daemon ``OMP_NUM_THREADS=<task CPUs>``.
+Those are safe: OpenBLAS's thread server registers a ``pthread_atfork`` handler that
+stops its pool before every fork (its threads are joined, so none runs when the process
+forks; its next BLAS call starts the pool again). An OpenMP runtime's pool (libgomp's has
+no such handler) or any other thread is not.
+
+So after preloading, if more than one thread runs, the daemon forks a child that exits at
+once, which runs every fork handler, and refuses to fork workers if a thread preloading
+started still runs after that (threads are told apart by their kernel ids: OpenBLAS's
+have the main thread's name). A thread that ran before preloading, an allocator's thread
+from ``LD_PRELOAD`` say, runs in the stock daemon too and does not count. The daemon's
+BLAS pools stay stopped (it makes no BLAS call); a worker's pool starts at its first BLAS
+call with the size OpenBLAS read from ``OMP_NUM_THREADS`` when it loaded in the daemon:
+Spark starts one daemon per worker environment, so that is the task's CPUs, as in a
+worker that imports numpy itself. The daemon also refuses if preloading started a Python
+thread, TensorFlow's runtime or listed its devices, or an import failed, and so does a
+PySpark whose daemon it does not know: it then replaces itself with the stock daemon
+(same process, same pipes, nothing written yet), logging one line saying why. Arrow's
 allocator starts a background thread when pyarrow loads (Keras imports pandas, pandas
 imports pyarrow); it is turned off while the daemon preloads
 (``JE_ARROW_MALLOC_CONF=background_thread:false``, unless you set it), as it would be in
@@ -33,7 +48,8 @@ prints no absl or oneDNN start-up lines.
 
 Before forking, the daemon freezes its objects out of the garbage collector's reach
 (:mod:`spark_keras.heap`): a worker's collections then neither walk TensorFlow's objects
-nor write to, and so copy, the pages it shares with the daemon.
+nor write to, and so copy, the pages it shares with the daemon (and a worker never
+unfreezes them: see :func:`spark_keras.heap.inherited`).
 
 ``SPARK_KERAS_DAEMON_REPORT=<folder>`` (executor environment) makes each daemon write
 ``daemon-<pid>.json``: what it preloaded, in how long, and what the fork checks found.
@@ -41,14 +57,15 @@ nor write to, and so copy, the pages it shares with the daemon.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Iterator
 
 from .. import heap
@@ -62,16 +79,22 @@ _JEMALLOC_ENV = "JE_ARROW_MALLOC_CONF"
 # after each fork: we import it once, before)
 _WORKER_MODULES = ("pyspark.worker", "spark_keras.payload.codec", "spark_keras.spark.scoring",
                    "spark_keras.inference.outputs")
+_PROBE_SECONDS = 30.0  # a probe fork's child exits at once; one that hangs is killed
 
 
 def native_threads() -> list[str]:
     """The names of this process's threads, as the kernel lists them (C threads too)."""
-    names = []
-    for tid in sorted(os.listdir("/proc/self/task")):
+    return list(_threads().values())
+
+
+def _threads() -> dict[int, str]:
+    """This process's threads: kernel thread id to name, by id."""
+    found = {}
+    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
         with contextlib.suppress(OSError):
             with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-    return names
+                found[tid] = f.read().strip()
+    return found
 
 
 def tensorflow_runtime_started() -> bool:
@@ -96,7 +119,8 @@ def preload_for_fork() -> dict[str, Any]:
     from ..preload import preload
 
     started = time.perf_counter()
-    report: dict[str, Any] = {"pid": os.getpid(), "threads_before": native_threads()}
+    before = _threads()
+    report: dict[str, Any] = {"pid": os.getpid(), "threads_before": list(before.values())}
     try:
         with _stdout_to_stderr(), _no_allocator_thread():
             names = preload()
@@ -117,18 +141,57 @@ def preload_for_fork() -> dict[str, Any]:
         elif report["tensorflow_devices_listed"]:
             report["refused"] = ("preloading listed TensorFlow's devices (which initializes CUDA "
                                  "on a GPU host)")
-        elif _started_threads(report["threads_before"], report["threads"]) \
-                or len(report["python_threads"]) > 1:
+        elif len(report["python_threads"]) > 1:
             report["refused"] = f"preloading left {len(report['threads'])} threads running " \
                                 f"(Python threads: {', '.join(report['python_threads'])})"
+        else:
+            report.update(_threads_across_a_fork(before))
     report.setdefault("refused", None)
     return report
 
 
-def _started_threads(before: list[str], after: list[str]) -> list[str]:
-    """The threads running after preloading that did not run before it. One that ran
-    before (an allocator's thread from ``LD_PRELOAD``, say) runs in the stock daemon too."""
-    return list((collections.Counter(after) - collections.Counter(before)).elements())
+def _threads_across_a_fork(before: dict[int, str]) -> dict[str, Any]:
+    """The report's ``threads_at_fork`` (the threads still running after a probe fork has
+    run every fork handler, when more than one thread runs), ``fork_probe_seconds``, and a
+    ``refused`` reason if a thread preloading started (not in ``before``) survived it."""
+    if len(_threads()) == 1:
+        return {"threads_at_fork": native_threads(), "fork_probe_seconds": None}
+    started = time.perf_counter()
+    try:
+        with _stdout_to_stderr():
+            _probe_fork()
+    except OSError as exc:
+        return {"refused": f"a probe fork failed: {exc}"}
+    after = _threads()
+    found = {"threads_at_fork": list(after.values()),
+             "fork_probe_seconds": round(time.perf_counter() - started, 3)}
+    survivors = [name for tid, name in after.items() if tid not in before]
+    if survivors:
+        found["refused"] = (f"preloading left {len(after)} threads running across a fork "
+                            f"({len(survivors)} started by preloading: {', '.join(survivors)})")
+    return found
+
+
+def _probe_fork() -> None:
+    """Fork a child that exits at once, so that every ``pthread_atfork`` handler runs
+    here as for a real fork (OpenBLAS's stops its pool, which stays stopped until the next
+    BLAS call); wait for it.
+
+    Raises:
+        OSError: the fork failed, or the child did not exit in time (it is killed).
+    """
+    with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads running
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    deadline = time.monotonic() + _PROBE_SECONDS
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise OSError(f"its child {pid} did not exit within {_PROBE_SECONDS:.0f} s")
+        time.sleep(0.005)
 
 
 @contextlib.contextmanager
