@@ -33,9 +33,9 @@ from .cache import model_cache
 from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
-from .inference.engine import check_batch_size, check_on_invalid, score
+from .inference.engine import score
 from .inference.outputs import flat_columns, flat_dtype, flat_outputs
-from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
 from .inference.preprocess import Preprocess
 from .inference.signature import Signature, model_outputs
 from .payload import host_file

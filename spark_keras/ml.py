@@ -54,7 +54,7 @@ from pyspark.ml.base import Transformer
 from pyspark.ml.util import MLReadable, MLWritable, MLWriter
 
 from .errors import ArgumentError, SparkKerasError
-from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.options import DEFAULT_BATCH_SIZE, ML_PARAMS, check_error_col, check_max_invalid
 from .spark.ml_params import KerasTransformerParams, to_batch_size, to_on_invalid
 from .spark.ml_persistence import KerasTransformerReader, KerasTransformerWriter
 from .spark.ml_source import ModelSource
@@ -97,7 +97,7 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def __init__(self, *, model: Any = None, inputCol: str | None = None,
                  inputCols: list[str] | None = None, outputCol: str = "prediction",
                  batchSize: int = DEFAULT_BATCH_SIZE, onInvalid: str = "error",
-                 errorCol: str | None = None,
+                 errorCol: str | None = None, maxInvalid: float | None = None,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True, preprocess: Any = None) -> None:
         super().__init__()
@@ -112,11 +112,11 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     @keyword_only
     def setParams(self, *, inputCol: str | None = None, inputCols: list[str] | None = None,
                   outputCol: str | None = None, batchSize: int | None = None,
-                  onInvalid: str | None = None,
-                  errorCol: str | None = None) -> "KerasTransformer":
+                  onInvalid: str | None = None, errorCol: str | None = None,
+                  maxInvalid: float | None = None) -> "KerasTransformer":
         """setParams(self, \\*, inputCol=None, inputCols=None, outputCol=None, batchSize=None,
-        onInvalid=None, errorCol=None): sets the params given (``None`` leaves a param as
-        it is)."""
+        onInvalid=None, errorCol=None, maxInvalid=None): sets the params given (``None``
+        leaves a param as it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def setInputCol(self, value: str) -> "KerasTransformer":
@@ -142,6 +142,10 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def setErrorCol(self, value: str) -> "KerasTransformer":
         """Sets the value of :py:attr:`errorCol`."""
         return self._set(errorCol=value)
+
+    def setMaxInvalid(self, value: float) -> "KerasTransformer":
+        """Sets the value of :py:attr:`maxInvalid`."""
+        return self._set(maxInvalid=value)
 
     # --- the model ---------------------------------------------------------------------
 
@@ -193,13 +197,12 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
         # values set by hand into the param map skip the converters: check them again
         batch_size = to_batch_size(self.getBatchSize())
         on_invalid = to_on_invalid(self.getOnInvalid())
-        error_col = self.getErrorCol()
-        if error_col is not None and on_invalid != "null":
-            raise ArgumentError(f"{self.uid}: errorCol={error_col!r} needs onInvalid='null' "
-                                f"(with onInvalid={on_invalid!r} an invalid row fails the task)")
+        error_col = check_error_col(self.getErrorCol(), on_invalid, ML_PARAMS)
+        max_invalid = check_max_invalid(self.getMaxInvalid(), on_invalid, ML_PARAMS)
         handle = self._require_source().handle_for(dataset.sparkSession, self.uid)
         return handle.transform(dataset, columns, output, batch_size=batch_size,
-                                on_invalid=on_invalid, error_col=error_col)
+                                on_invalid=on_invalid, error_col=error_col,
+                                max_invalid=max_invalid)
 
     # --- persistence -----------------------------------------------------------------------
 

@@ -26,17 +26,10 @@ from . import flavour
 from .errors import ArgumentTypeError, ModelCallError, SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
-from .inference.engine import (
-    Scored,
-    check_batch_size,
-    check_on_invalid,
-    empty_outputs,
-    model_inputs,
-    score,
-)
+from .inference.engine import Scored, empty_outputs, model_inputs, score
 from .inference.isolation import RowFailure, reason_text
 from .inference.outputs import to_numpy
-from .inference.predictor import DEFAULT_BATCH_SIZE
+from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
 from .inference.signature import signature_of
 from .payload import host_file
 from .payload.shipment import Shipment

@@ -173,12 +173,17 @@ def test_keras_transformer_error_col_is_saved(spark, frame, tmp_path):
     from spark_keras.ml import KerasTransformer
 
     stage = KerasTransformer(model=mlp(N_FEATURES), inputCol="features", onInvalid="null",
-                             errorCol="why")
+                             errorCol="why", maxInvalid=3)
     stage.write().save(str(tmp_path / "stage"))
     loaded = KerasTransformer.load(str(tmp_path / "stage"))
     assert loaded.getErrorCol() == "why" and loaded.getOnInvalid() == "null"
-    out = loaded.transform(frame).where("why is not null").select("id", "why").collect()
+    assert loaded.getMaxInvalid() == 3 and KerasTransformer().getMaxInvalid() is None
+    out = loaded.transform(frame.coalesce(1)).where("why is not null").select("id", "why").collect()
     assert sorted(r.id for r in out) == sorted(BAD)
+    with pytest.raises(Exception, match=r"InvalidRowsError: max_invalid=2 passed: 3 of 30 rows"):
+        loaded.copy().setMaxInvalid(2).transform(frame.coalesce(1)).collect()
+    with pytest.raises(sk.ArgumentError, match="maxInvalid"):
+        loaded.copy().setMaxInvalid(2.5)
 
 
 @pytest.mark.slow  # a whole job with its own Spark driver
@@ -212,6 +217,13 @@ def test_score_job_error_col_and_metrics_json(tmp_path):
                         "--error-col", "error", cwd=str(tmp_path))
     assert bad.returncode == 2 and "needs --on-invalid null" in bad.stderr, bad.stderr[-2000:]
     assert not os.path.exists(tmp_path / "out2")
+    over = run_score_job("--master", "local[1]", "--model", str(tmp_path / "model.skp"),
+                         "--input", str(tmp_path / "in.parquet"),
+                         "--output", str(tmp_path / "out3"), "--features", "features",
+                         "--on-invalid", "null", "--max-invalid", "2", cwd=str(tmp_path))
+    last = over.stderr.strip().splitlines()[-1]
+    assert over.returncode != 0 and "InvalidRowsError: max_invalid=2 passed: 3 of 30" in last, \
+        over.stderr[-3000:]
 
 
 def test_builds_made_by_a_sorts_sampling_job_are_observed(build_log, spark):

@@ -299,8 +299,8 @@ def test_preprocess_runs_in_the_workers_before_the_model(spark):
     failing = sk.BroadcastModel(spark, model, preprocess=_fails)
     try:
         with pytest.raises(Exception, match=r"the preprocess function tests.test_spark_real_inputs."
-                                            r"_fails raised on rows 0-3 of this batch: ValueError: "
-                                            r"cannot parse this"):
+                                            r"_fails raised on row 0 of this batch \(column 'csv'\): "
+                                            r"ValueError: cannot parse this"):
             failing.transform(df, "csv").collect()
     finally:
         failing.destroy()
@@ -309,5 +309,5 @@ def test_preprocess_runs_in_the_workers_before_the_model(spark):
                        on_invalid="null")
     assert np.isnan(got[2]).all()
     np.testing.assert_allclose(got[[0, 1, 3]], want[[0, 1, 3]], atol=1e-5)
-    with pytest.raises(sk.PreprocessError, match="_fails raised on rows 0-3 of this input"):
+    with pytest.raises(sk.PreprocessError, match=r"_fails raised on row 0 of this input \(column 'csv'\)"):
         pool_predict(model, pd.DataFrame({"csv": texts}), processes=1, preprocess=_fails)

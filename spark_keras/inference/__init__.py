@@ -7,7 +7,8 @@ shaped per front-end (``outputs``).
 Importing this package does not import pyarrow (the Spark worker daemon imports it
 before it may start Arrow's threads): import ``engine`` and the rest by module."""
 
-from .predictor import DEFAULT_BATCH_SIZE, Predictor, predictor_for
+from .options import DEFAULT_BATCH_SIZE
+from .predictor import Predictor, predictor_for
 from .signature import signature_of
 from .specs import Signature, TensorSpec
 

@@ -10,29 +10,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ArgumentError, ModelCallError, ModelInputError
+from ..errors import ModelCallError, ModelInputError
 from .column_read import ColumnRead, kind, leaf_kind
 from .columns import Columns, assign
 from .isolation import RowFailure, columns_text, reason, reason_text
+from .options import check_on_invalid
 from .specs import Signature, TensorSpec, empty_outputs
 from .walk import read_column
-
-ON_INVALID = ("error", "null")
-
-
-def check_on_invalid(on_invalid: str) -> None:
-    """Refuse an unknown bad-row policy up front (on the driver, not in a task)."""
-    if on_invalid not in ON_INVALID:
-        raise ArgumentError(f"on_invalid must be one of {ON_INVALID}, not {on_invalid!r}")
-
-
-def check_batch_size(batch_size: Any) -> int:
-    """``batch_size`` as a positive int, or an :class:`ArgumentError`."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 1:
-        raise ArgumentError(f"batch_size must be a positive integer, not {batch_size!r}")
-    return int(batch_size)
-
 
 @dataclass(frozen=True)
 class Scored:

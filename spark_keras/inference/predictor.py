@@ -16,9 +16,9 @@ from .. import flavour
 from .signature import signature_of
 from .specs import Signature, empty_outputs
 from .isolation import Isolated, RowFailure, first_failure, isolate
+from .options import DEFAULT_BATCH_SIZE
 from .tasks import attached_preprocessor, preprocessed
 
-DEFAULT_BATCH_SIZE = 1024
 _ATTR = "_spark_keras_predictor"
 _lock = threading.Lock()
 

@@ -2,7 +2,8 @@
 
     spark-keras score --model model.keras --input data.parquet --output scored.parquet \\
         --features features [--batch-size 1024] [--master local[*]] [--overwrite] \\
-        [--on-invalid error|null [--error-col error]] [--metrics-json metrics.json]
+        [--on-invalid error|null [--error-col error] [--max-invalid N|F]]
+        [--metrics-json metrics.json]
 
     spark-submit --master yarn [--properties-file spark-defaults.conf] \\
         "$(spark-keras job-file score)" --model ... --input ... --output ... --features ...
@@ -79,6 +80,9 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--error-col", default=None,
                    help="with --on-invalid null: a string column saying why each invalid row "
                         "got a null prediction (null for scored rows)")
+    p.add_argument("--max-invalid", type=float, default=None, metavar="N|F",
+                   help="with --on-invalid null: the most invalid rows a task may give, a count "
+                        "(>= 1) or a fraction (< 1) of its rows; beyond it the job fails")
     p.add_argument("--metrics-json", default=None, metavar="PATH",
                    help="write the summary (rows, invalid_rows, seconds, rows_per_second, "
                         "model_builds, build_seconds) as JSON to this local file")

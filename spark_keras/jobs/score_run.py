@@ -11,7 +11,8 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from spark_keras.errors import StorageError
+from spark_keras.errors import ArgumentError, StorageError
+from spark_keras.inference.options import FLAGS, check_error_col, check_max_invalid
 from spark_keras.jobs.score_errors import JobError
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths
@@ -43,9 +44,11 @@ def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
 def _check_options(args: argparse.Namespace) -> None:
     """Refuse options that do not go together, and a metrics file that cannot be written,
     before any session starts."""
-    if args.error_col is not None and args.on_invalid != "null":
-        raise JobError(f"--error-col {args.error_col!r} needs --on-invalid null: with "
-                       f"--on-invalid {args.on_invalid} an invalid row fails the job")
+    try:
+        check_error_col(args.error_col, args.on_invalid, FLAGS)
+        args.max_invalid = check_max_invalid(args.max_invalid, args.on_invalid, FLAGS)
+    except ArgumentError as exc:
+        raise JobError(str(exc)) from None
     if args.metrics_json is not None:
         folder = os.path.dirname(os.path.abspath(args.metrics_json))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
         observation = Observation("spark_keras_score")
         scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
                                   on_invalid=args.on_invalid, error_col=args.error_col,
-                                  observe=observation)
+                                  observe=observation, max_invalid=args.max_invalid)
         started = time.perf_counter()
         _publish(scored, paths, args.output)
         seconds = time.perf_counter() - started

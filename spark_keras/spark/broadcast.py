@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ..cache import model_cache
 from ..errors import SparkKerasError
 from ..handle import ModelHandle
-from ..inference.predictor import DEFAULT_BATCH_SIZE, predictor_for
+from ..inference.options import DEFAULT_BATCH_SIZE
+from ..inference.predictor import predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature
 from ..payload.shipment import Shipment
@@ -170,7 +171,7 @@ class BroadcastModel(ModelHandle):
     # --- inference helpers -----------------------------------------------------------
 
     def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                    on_invalid: str = "error"):
+                    on_invalid: str = "error", max_invalid: float | None = None):
         """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
 
         Columns: one array/Vector/scalar column per model input, several scalar columns
@@ -182,19 +183,24 @@ class BroadcastModel(ModelHandle):
         Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before.
 
         ``on_invalid="error"`` (default) fails the task on a null, NaN/inf or wrongly
-        shaped row, naming the column and row; ``"null"`` gives such rows a null
-        prediction and scores the rest. The row count never changes.
+        shaped row, naming the column and row, and on a row the model (or the preprocess
+        function) raises on (:class:`~spark_keras.errors.ModelCallError`, found by
+        retrying the batch in parts); ``"null"`` gives such rows a null prediction and
+        scores the rest. The row count never changes. ``max_invalid`` (with ``"null"``): a
+        count (>= 1) or a fraction (< 1) of invalid rows per task beyond which the task
+        fails with :class:`~spark_keras.errors.InvalidRowsError` (counted per task: a
+        count as soon as it is passed, a fraction over all the task's rows).
         """
         from . import scoring  # pyarrow loads with it, on first use: this module does not load it
 
         self.check_usable()
         return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
-                          on_invalid=on_invalid)
+                                  on_invalid=on_invalid, max_invalid=max_invalid)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
                   profile: Any = None, error_col: str | None = None,
-                  observe: Any = None) -> Any:
+                  observe: Any = None, max_invalid: float | None = None) -> Any:
         """``df`` with every column kept plus ``output_col`` (a struct for multi-output
         models), with zero-copy Arrow-to-numpy conversion. On PySpark >= 4.1 only the input
         columns travel to Python and only the new columns come back (an ``arrow_udf``:
@@ -210,7 +216,9 @@ class BroadcastModel(ModelHandle):
 
         ``error_col`` (with ``on_invalid="null"`` only): a string column added too, null
         for scored rows and, for each invalid row, what ``on_invalid="error"`` would have
-        raised for it (the column, what is wrong, what the input expects).
+        raised for it (the column, what is wrong, what the input expects), or for a row
+        the model or the preprocess function raised on, ``"model: <Error>: <message>"``.
+        ``max_invalid`` as in :meth:`predict_udf`.
 
         ``observe``: a ``pyspark.sql.Observation`` (or a name, for streaming queries,
         whose progress then reports ``observedMetrics[name]``) that, once an action has
@@ -222,16 +230,18 @@ class BroadcastModel(ModelHandle):
         self.check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                                  on_invalid=on_invalid, profile=profile, error_col=error_col,
-                                 observe=observe)
+                                 observe=observe, max_invalid=max_invalid)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
-                          on_invalid: str = "error") -> Iterator[Any]:
+                          on_invalid: str = "error",
+                          max_invalid: float | None = None) -> Iterator[Any]:
         """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
 
         A row is a feature array/list/Vector, a tuple/Row with one value per model input,
         or a dict keyed by input name. Predictions are floats for single-unit outputs,
         numpy arrays otherwise, dicts for multi-output models; ``None`` for invalid rows
-        when ``on_invalid="null"``.
+        when ``on_invalid="null"``; ``on_invalid`` and ``max_invalid`` as in
+        :meth:`predict_udf` (the partition is the task).
         """
         if not self._transport.rdds:
             raise SparkKerasError(
@@ -240,7 +250,8 @@ class BroadcastModel(ModelHandle):
                 "function calling bm.predictor")
         from . import scoring
 
-        return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid)
+        return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
+                                    max_invalid=max_invalid)
 
     # --- lifecycle -----------------------------------------------------------------------
 

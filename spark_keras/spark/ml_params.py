@@ -7,11 +7,15 @@ from typing import Any
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasInputCols, HasOutputCol
 
-from ..errors import ArgumentError
-from ..inference.engine import ON_INVALID
-from ..inference.predictor import DEFAULT_BATCH_SIZE
+from ..inference.options import (
+    DEFAULT_BATCH_SIZE,
+    ML_PARAMS,
+    check_batch_size,
+    check_max_invalid,
+    check_on_invalid,
+)
 
-__all__ = ["KerasTransformerParams", "to_batch_size", "to_on_invalid"]
+__all__ = ["KerasTransformerParams", "to_batch_size", "to_on_invalid", "to_max_invalid"]
 
 
 def to_batch_size(value: Any) -> int:
@@ -21,10 +25,7 @@ def to_batch_size(value: Any) -> int:
         TypeError: not an integer (as Spark's int params).
         ArgumentError: not positive.
     """
-    size = TypeConverters.toInt(value)
-    if size <= 0:
-        raise ArgumentError(f"batchSize must be a positive integer, got {size}")
-    return size
+    return check_batch_size(TypeConverters.toInt(value), ML_PARAMS)
 
 
 def to_on_invalid(value: Any) -> str:
@@ -33,11 +34,19 @@ def to_on_invalid(value: Any) -> str:
     Raises:
         ArgumentError: another string.
     """
-    text = TypeConverters.toString(value)
-    if text not in ON_INVALID:
-        raise ArgumentError(f"onInvalid must be one of {', '.join(map(repr, ON_INVALID))}, "
-                            f"got {text!r}")
-    return text
+    return check_on_invalid(TypeConverters.toString(value), ML_PARAMS)
+
+
+def to_max_invalid(value: Any) -> float:
+    """``value`` as a ``maxInvalid`` limit: a count (>= 1) or a fraction (< 1), kept as a
+    float (Spark's params store numbers as doubles).
+
+    Raises:
+        TypeError: not a number.
+        ArgumentError: negative, or a count that is not whole.
+    """
+    limit = check_max_invalid(TypeConverters.toFloat(value), "null", ML_PARAMS)
+    return float(limit)  # type: ignore[arg-type]
 
 
 class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
@@ -59,6 +68,12 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
         "a string column added with, for each invalid row, why the model cannot take it "
         "(null for scored rows); needs onInvalid='null'",
         typeConverter=TypeConverters.toString)
+    maxInvalid: "Param[float]" = Param(
+        Params._dummy(), "maxInvalid",
+        "the most invalid rows a task may give (failed checks and rows the model or the "
+        "preprocess function raised on): a count (>= 1) or a fraction (< 1) of the task's "
+        "rows; beyond it the task fails. Needs onInvalid='null'",
+        typeConverter=to_max_invalid)
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,3 +90,10 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
     def getErrorCol(self) -> str | None:
         """Gets the value of errorCol (None: not set, no error column)."""
         return self.getOrDefault(self.errorCol) if self.isDefined(self.errorCol) else None
+
+    def getMaxInvalid(self) -> float | int | None:
+        """Gets the value of maxInvalid (None: not set, no limit); a count as an int."""
+        if not self.isDefined(self.maxInvalid):
+            return None
+        value = self.getOrDefault(self.maxInvalid)
+        return int(value) if value >= 1 else value

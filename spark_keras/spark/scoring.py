@@ -11,10 +11,12 @@ from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
 import pyarrow as pa
 
-from ..errors import ArgumentError, ArgumentTypeError, ModelInputError
+from ..errors import ArgumentTypeError, ModelInputError
 from ..handle import ModelHandle
 from ..inference import columns as cols
-from ..inference.engine import Scored, check_batch_size, check_on_invalid, score
+from ..inference.engine import Scored, score
+from ..inference.limits import InvalidBudget
+from ..inference.options import check_batch_size, check_error_col, check_max_invalid, check_on_invalid
 from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
 from . import figures as build_figures
@@ -38,8 +40,10 @@ class PredictUDF:
     """
 
     def __init__(self, handle: ModelHandle, *, return_type: Any = None,
-                 batch_size: int, on_invalid: str = "error") -> None:
+                 batch_size: int, on_invalid: str = "error",
+                 max_invalid: float | None = None) -> None:
         check_on_invalid(on_invalid)
+        self.max_invalid = check_max_invalid(max_invalid, on_invalid)
         self.handle = handle
         self.returnType = spark_type(return_type) if return_type is not None \
             else prediction_type(handle.signature)
@@ -54,16 +58,19 @@ class PredictUDF:
         names = [_column_name(c) for c in columns]
         score_batches = functools.partial(_scored_columns, self.handle, names,
                                           batch_size=self.batch_size, on_invalid=self.on_invalid,
-                                          reasons=False, figures=False)
+                                          reasons=False, figures=False,
+                                          max_invalid=self.max_invalid)
         udf = _arrow_udf_of(score_batches, len(names), [StructField("prediction", self.returnType)])
         if udf is None:  # PySpark < 4.1: a pandas UDF
             run = functools.partial(score, self.handle, batch_size=self.batch_size,
-                                    on_invalid=self.on_invalid)
-            udf = _make_pandas_udf(names, self.returnType, run)
+                                    on_invalid=self.on_invalid,
+                                    reasons=self.max_invalid is not None)
+            udf = _make_pandas_udf(names, self.returnType, run, self.max_invalid)
         return udf(*columns)
 
 
-def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
+def _make_pandas_udf(names: list[str], return_type: Any, run: Any,
+                     max_invalid: float | None = None):
     import operator
 
     import pandas as pd
@@ -72,13 +79,17 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any):
     from pyspark.sql.types import StructType
 
     def predict(batches):
+        budget = InvalidBudget(max_invalid)  # per task
         for batch in batches:
             series = list(batch) if isinstance(batch, (tuple, list)) else [batch]
-            out = to_arrow(run(cols.from_pandas(names, series)))
+            scored = run(cols.from_pandas(names, series))
+            budget.add(scored.rows, scored.invalid, scored.reasons)
+            out = to_arrow(scored)
             if isinstance(out, pa.StructArray):
                 yield pa.Table.from_arrays(out.flatten(), names=[f.name for f in out.type]).to_pandas()
             else:
                 yield out.to_pandas()
+        budget.finish()
 
     # an iterator-of-batches pandas UDF, told by type hints (a struct column, such as an
     # ML Vector, arrives as a DataFrame)
@@ -109,10 +120,12 @@ _HIDDEN = (_BUILDS, _BUILD_SECONDS)
 
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               output_col: str, *, batch_size: int, on_invalid: str = "error",
-              profile: Any = None, error_col: str | None = None, observe: Any = None) -> Any:
+              profile: Any = None, error_col: str | None = None, observe: Any = None,
+              max_invalid: float | None = None) -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
     scored rows; it needs ``on_invalid="null"``), observed as ``observe`` (an
-    ``Observation`` or a name) with :data:`METRICS` if given.
+    ``Observation`` or a name) with :data:`METRICS` if given; each task fails once its
+    invalid rows pass ``max_invalid`` (:mod:`spark_keras.inference.limits`).
 
     On PySpark >= 4.1 only the input columns go to Python and only the new columns come
     back (an ``arrow_udf``); with a ``profile`` (a ``ResourceProfile``, PySpark >= 4.0),
@@ -122,6 +135,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     check_on_invalid(on_invalid)
     check_profile(profile)
     batch_size = check_batch_size(batch_size)
+    max_invalid = check_max_invalid(max_invalid, on_invalid)
     _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     columns = df.columns
@@ -148,7 +162,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
     score_batches = functools.partial(_scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
-                                      figures=observe is not None)
+                                      figures=observe is not None, max_invalid=max_invalid)
     udf = None if profile is not None else _arrow_udf_of(score_batches, len(names), fields)
     if udf is not None:
         return _with_udf_columns(df, udf, names, fields, observe)
@@ -171,16 +185,20 @@ def _metrics(column: Any, output_col: str) -> list:
 
 def _scored_columns(handle: ModelHandle, names: list[str],
                     batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
-                    on_invalid: str, reasons: bool, figures: bool) -> Iterator[list[pa.Array]]:
+                    on_invalid: str, reasons: bool, figures: bool,
+                    max_invalid: float | None = None) -> Iterator[list[pa.Array]]:
     """Per batch of input columns (in ``names`` order): the prediction, the reasons
     (``reasons``) and the hidden figures columns (``figures``: the builds this process
-    made for this query that this stage has not reported, see :mod:`.figures`)."""
+    made for this query that this stage has not reported, see :mod:`.figures`). The
+    batches are one task's: its invalid rows are held against ``max_invalid``."""
+    budget = InvalidBudget(max_invalid)
     if figures:
         query, stage = build_figures.task_ids()
         seen = build_figures.builds_of(handle.key)
     for arrays in batches:
         scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
-                       on_invalid=on_invalid, reasons=reasons)
+                       on_invalid=on_invalid, reasons=reasons or budget.active)
+        budget.add(scored.rows, scored.invalid, scored.reasons)
         out = [to_arrow(scored)]
         if reasons:
             out.append(_reasons(scored))
@@ -193,6 +211,7 @@ def _scored_columns(handle: ModelHandle, names: list[str],
                 else (0, 0.0)
             out += build_figures.builds_columns(scored.rows, *reported)
         yield out
+    budget.finish()
 
 
 def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fields: list,
@@ -277,12 +296,7 @@ def _column(name: str) -> Any:
 
 def _check_error_col(error_col: Any, on_invalid: str, output_col: str,
                      columns: Sequence[str]) -> None:
-    if on_invalid != "null":
-        raise ArgumentError(
-            f"error_col={error_col!r} needs on_invalid='null': with on_invalid="
-            f"{on_invalid!r} an invalid row fails the task instead of getting a reason")
-    if not isinstance(error_col, str) or not error_col:
-        raise ArgumentError(f"error_col must be a non-empty column name, not {error_col!r}")
+    check_error_col(error_col, on_invalid)
     if error_col == output_col or error_col in columns:
         raise ModelInputError(f"error column {error_col!r} already exists in the DataFrame "
                               f"or is the output column")
@@ -315,26 +329,33 @@ def _reasons(scored: Scored) -> pa.Array:
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
-                 on_invalid: str = "error") -> Iterator[Any]:
-    """One prediction per row, in order (None for invalid rows under ``"null"``)."""
+                 on_invalid: str = "error", max_invalid: float | None = None) -> Iterator[Any]:
+    """One prediction per row, in order (None for invalid rows under ``"null"``); the
+    rows are one task's, their invalid ones held against ``max_invalid``."""
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
+    budget = InvalidBudget(check_max_invalid(max_invalid, on_invalid))
     signature = handle.predictor.signature  # this process's model's (input names)
     buffer: list[Any] = []
     position = 0
     for row in rows:
         buffer.append(row)
         if len(buffer) >= batch_size:
-            yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid)
+            yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid,
+                                   budget)
             position += len(buffer)
             buffer = []
     if buffer:
-        yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid)
+        yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid,
+                               budget)
+    budget.finish()
 
 
 def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row: int,
-                batch_size: int, on_invalid: str) -> Iterator[Any]:
+                batch_size: int, on_invalid: str, budget: InvalidBudget) -> Iterator[Any]:
     columns = columns_of_rows(rows) if handle.preprocess is not None \
         else cols.from_rows(rows, signature, first_row)
-    yield from to_rows(score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
-                             where="partition", first_row=first_row))
+    scored = score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
+                   where="partition", first_row=first_row, reasons=budget.active)
+    budget.add(scored.rows, scored.invalid, scored.reasons)
+    yield from to_rows(scored)
