@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
-from .. import __version__, storage
+from .. import storage
+from .._version import __version__
 from ..errors import PayloadError, SparkKerasError, StorageError
 from .ml_source import PAYLOAD_FILE, ModelSource
 from .paths import stage_file
 from .transport import is_connect
 
-if TYPE_CHECKING:
-    from ..ml import KerasTransformer
+if TYPE_CHECKING:  # the stage's class is handed in (KerasTransformer.read, .write)
+    from pyspark.ml.param import Params as KerasTransformer
 
 __all__ = ["KerasTransformerWriter", "KerasTransformerReader"]
 
