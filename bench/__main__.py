@@ -1,4 +1,7 @@
-"""`python -m bench [--quick] [--only payload,scoring,memory,dask,coldstart,frontends,inputs,threads,operations,isolation] [--write]`.
+"""`python -m bench [--quick] [--only SECTION,...] [--write]`.
+
+Sections: payload, scoring, memory, dask, coldstart, frontends, inputs, threads,
+operations, isolation.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("under tf-keras (TF_USE_LEGACY_KERAS=1) only --only payload is available")
     started = time.perf_counter()
     given = sys.argv[1:] if argv is None else argv
-    results: dict = {"machine": machine(), "command": " ".join(["TF_USE_LEGACY_KERAS=1"] * legacy + ["python -m bench", *given]),
+    command = " ".join(["TF_USE_LEGACY_KERAS=1"] * legacy + ["python -m bench", *given])
+    results: dict = {"machine": machine(), "command": command,
                      "date": datetime.date.today().isoformat(),
                      "flavour": flavour.current().name}
     print(f"machine: {results['machine']}")

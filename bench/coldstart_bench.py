@@ -74,9 +74,9 @@ def cold_start_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callabl
     def task(index: int, _items: Iterator[Any]) -> Iterator[dict]:
         started = time.perf_counter()  # first: nothing imported by the task yet
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-        import tensorflow  # noqa: F401
         import keras  # noqa: F401
         import numpy as np
+        import tensorflow  # noqa: F401
 
         imported = time.perf_counter()
         memory = pss_mb()  # TensorFlow and Keras loaded, no model
@@ -348,8 +348,8 @@ def run(quick: bool = False) -> list[dict]:
     """Rows for the table; both daemons alternate, one session each per round."""
     import keras
 
-    from .models import actor_model, mlp_model
     from .frames import Workload
+    from .models import actor_model, mlp_model
 
     models = {"MLP": mlp_model(), "CNN": actor_model()}
     tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # the first job's

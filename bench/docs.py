@@ -7,8 +7,14 @@ from __future__ import annotations
 import os
 
 from .report import plot, table
-from .targets import (coldstart_targets, inputs_targets, isolation_targets, memory_targets,
-                      payload_targets, scoring_targets)
+from .targets import (
+    coldstart_targets,
+    inputs_targets,
+    isolation_targets,
+    memory_targets,
+    payload_targets,
+    scoring_targets,
+)
 
 TITLES = {  # section -> its heading in the docs (the order of the docs)
     "payload": "## Model rebuild: Keras pickle vs spark_keras payload",

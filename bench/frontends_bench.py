@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .models import mlp_model
 from .frames import PredictionMismatch, Workload, make_frame
 from .harness import rows_per_second, sample
+from .models import mlp_model
 from .sessions import local_session
 
 FEATURES, BATCH, PARTITIONS = 64, 1024, 4

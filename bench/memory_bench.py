@@ -92,7 +92,7 @@ def _score_and_measure(bm, batch_size: int) -> Callable:
         touch_keras()
         context.barrier()  # every worker has TensorFlow mapped
         before = pss_kb()
-        bm.predictor  # builds the model
+        _ = bm.predictor  # builds the model
         for batch in batches:
             features = columns.from_arrow(["features"], [batch.column("features")])
             prediction = outputs.to_arrow(engine.score(bm, features, batch_size=batch_size))

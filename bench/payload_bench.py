@@ -34,7 +34,7 @@ MODELS: dict[str, Callable[[], object]] = {
 }
 
 
-def _best(fn: Callable[[], object], repeats: int) -> float:
+def _best(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     times = []
     for _ in range(repeats):
         gc.collect()
@@ -60,12 +60,13 @@ def run(repeats: int = 3, names: list[str] | None = None) -> list[dict]:
                 f.write(payload)
             # alternate the paths so machine noise hits them alike
             pk_load, sk_load, file_load = [], [], []
+            # (each lambda binds what it reads: the loop deletes them after its row)
             for _ in range(repeats):
-                pk_load.append(_best(lambda: pickle.loads(pickled), 1)[0])
-                sk_load.append(_best(lambda: sk.loads(payload), 1)[0])
+                pk_load.append(_best(lambda p=pickled: pickle.loads(p), 1)[0])
+                sk_load.append(_best(lambda p=payload: sk.loads(p), 1)[0])
                 file_load.append(_best(lambda: sk.load(path, share_weights=True), 1)[0])
-        pk_dump = _best(lambda: pickle.dumps(model), 1)[0]
-        sk_dump = _best(lambda: sk.dumps(model), 1)[0]
+        pk_dump = _best(lambda m=model: pickle.dumps(m), 1)[0]
+        sk_dump = _best(lambda m=model: sk.dumps(m), 1)[0]
         rows.append({
             "model": name, "weights MB": size_mb,
             "pickle MB": len(pickled) / 2**20, "payload MB": len(payload) / 2**20,

@@ -4,7 +4,8 @@ Runs the scoring bench's MLP (200,000 rows of ``array<float>``, 10,000-row Arrow
 and CNN on local[2] through ``BroadcastModel.transform`` and ``predict_udf``, samples every
 Python worker with py-spy (``py-spy record --idle --nonblocking --format raw``: Python
 stacks, native time charged to the Python frame that called it) during one timed
-run after a warm-up (the workers idle while py-spy attaches), and sorts the samples into stages by the frames on their stacks:
+run after a warm-up (the workers idle while py-spy attaches), and sorts the samples into
+stages by the frames on their stacks:
 
 * ``JVM -> Python read``: PySpark's serializers reading the Arrow stream (including the
   wait for the JVM's next batch);

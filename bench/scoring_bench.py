@@ -25,7 +25,6 @@ from .frames import check_predictions, expected_predictions, feature_array, inpu
 from .harness import interleaved, rows_per_second, tf_baseline_rss_mb, warm_up
 from .sessions import scoring_session
 
-
 # --- the methods -----------------------------------------------------------------------------
 
 PREDICT_BATCH_UDF = "predict_batch_udf"

@@ -1,7 +1,9 @@
-"""`python -m bench --only threads` (or `python -m bench.threads_bench [--quick]`): ``BroadcastModel.transform`` throughput on
-local[2] with TensorFlow's thread pools sized by spark_keras to each task's CPUs (the
-default: one intra-op and one inter-op thread per worker here) against TensorFlow's own
-defaults (``SPARK_KERAS_TF_THREADS=off``: every worker sizes its pools to all cores).
+"""`python -m bench --only threads` (or `python -m bench.threads_bench [--quick]`).
+
+``BroadcastModel.transform`` throughput on local[2] with TensorFlow's thread pools sized
+by spark_keras to each task's CPUs (the default: one intra-op and one inter-op thread per
+worker here) against TensorFlow's own defaults (``SPARK_KERAS_TF_THREADS=off``: every worker
+sizes its pools to all cores).
 
 Each mode runs in its own session (thread pools are fixed per Python worker), after a
 warm-up that builds the model in every worker; best of three timed runs written to the

@@ -92,7 +92,8 @@ def main() -> int:
     predicted = np.stack(scored["prediction"].to_numpy()).argmax(axis=1)
     accuracy = float((predicted == scored["label"].to_numpy()).mean())
     print(f"Spark scored {len(scored):,} rows; accuracy {accuracy:.4f}; "
-          f"spark-submit wall time {wall:.1f}s (includes JVM start, and TensorFlow imported once by the workers' daemon)")
+          f"spark-submit wall time {wall:.1f}s "
+          "(includes JVM start, and TensorFlow imported once by the workers' daemon)")
     return 0
 
 

@@ -12,9 +12,10 @@ local Spark.
    everything there is scored. A long-running query would use
    ``trigger(processingTime="10 seconds")`` (or none) and keep picking up new files.
 3. Reads the sink back, checks every row is there once with the prediction the driver's
-   model gives on the same file, and prints one summary line:
+   model gives on the same file, and prints one summary line (wrapped here):
 
-    STREAMED rows=12000 unique_ids=12000 batches=6 mismatches=0 accuracy=0.9712 workers=1 builds_per_worker=1 seconds=14.2 out=...
+    STREAMED rows=12000 unique_ids=12000 batches=6 mismatches=0 accuracy=0.9712 workers=1
+        builds_per_worker=1 seconds=14.2 out=...
 
 ``builds_per_worker`` comes from the build log (``SPARK_KERAS_BUILD_LOG``): each Python
 worker built the model once, whatever the number of micro-batches. Restarting the query

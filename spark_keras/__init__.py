@@ -5,12 +5,11 @@ Importing this package does not import TensorFlow or PySpark; they load on first
 
 from __future__ import annotations
 
+from . import errors as _errors
 from ._version import __version__
-
-from . import errors as _errors  # noqa: E402
-from .cache import cache_info, configure_cache  # noqa: E402
-from .errors import *  # noqa: E402,F401,F403  (every error class, as errors.__all__ lists them)
-from .payload import dumps, is_payload, load, loads, make_picklable, save  # noqa: E402
+from .cache import cache_info, configure_cache
+from .errors import *  # noqa: F401,F403  (every error class, as errors.__all__ lists them)
+from .payload import dumps, is_payload, load, loads, make_picklable, save
 
 __all__ = [
     "__version__",

@@ -30,7 +30,6 @@ from __future__ import annotations
 import gc
 import os
 
-
 ENV = "SPARK_KERAS_GC_FREEZE"
 
 # the process whose gc.freeze made the frozen objects (None: none of ours); a forked

@@ -70,4 +70,4 @@ def test_a_handle_without_build_model_names_its_class():
         pass
 
     with pytest.raises(NotImplementedError, match="Incomplete implements build_model"):
-        Incomplete("k", 1).value
+        _ = Incomplete("k", 1).value

@@ -75,8 +75,9 @@ def test_a_null_text_is_an_invalid_row(spark, text_bm, classifier):
     with pytest.raises(Exception, match=r"column 'text': null value\(s\), first at row 1"):
         text_bm.transform(df, "text").collect()
     want = classifier.predict([texts[0], texts[2]], verbose=0)
-    for got in ([r.prediction for r in text_bm.transform(df, "text", on_invalid="null").orderBy("id").collect()],
-                [r.p for r in df.orderBy("id").select(text_bm.predict_udf(on_invalid="null")("text").alias("p")).collect()]):
+    transformed = text_bm.transform(df, "text", on_invalid="null").orderBy("id")
+    selected = df.orderBy("id").select(text_bm.predict_udf(on_invalid="null")("text").alias("p"))
+    for got in ([r.prediction for r in transformed.collect()], [r.p for r in selected.collect()]):
         assert got[1] is None
         np.testing.assert_allclose(np.array([got[0], got[2]]), want, atol=1e-5)
 

@@ -233,7 +233,7 @@ def test_destroy_releases_the_broadcast(spark):
     assert any(key in i["keys"] for i in worker_cache_infos(spark).values())  # cached in workers
     bm.destroy()
     with pytest.raises(sk.SparkKerasError, match="destroyed"):
-        bm.value
+        _ = bm.value
     with pytest.raises(sk.SparkKerasError, match="destroyed"):
         pickle.dumps(bm)
     # any later handle tells the workers to drop the destroyed model from their caches
@@ -272,7 +272,7 @@ def test_a_worker_freezes_its_heap_after_a_build(spark):
     def probe(_):
         gc.unfreeze()  # as a worker of the stock daemon, which froze nothing
         tracked_before = len(gc.get_objects())
-        bm.value  # builds the model through the cache
+        _ = bm.value  # builds the model through the cache
         yield tracked_before, len(gc.get_objects()), gc.get_freeze_count()
 
     found = spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
