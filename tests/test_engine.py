@@ -348,6 +348,15 @@ def test_bad_rows_of_unknown_length(col, pattern):
     assert invalid.tolist() == [False, True] and len(x) == 1
 
 
+def test_vectors_for_an_input_of_unknown_length():
+    sig = Signature((TensorSpec("x", (None,), "float32"),), ONE.outputs, None, None)
+    (x,), _ = inputs([vector_struct([{"type": 1, "size": None, "indices": None, "values": [1.0, 2.0]}])], sig)
+    np.testing.assert_array_equal(x[0], [1, 2])
+    sparse = vector_struct([{"type": 0, "size": 3, "indices": [2], "values": [7.0]}])
+    with pytest.raises(ModelInputError, match=r"column 'c0': ML Vectors, sparse or null .*'x'.*array column"):
+        inputs([sparse], sig)
+
+
 def test_two_unknown_dimensions_need_nested_arrays():
     sig = Signature((TensorSpec("img", (None, None, 3), "float32"),), ONE.outputs, None, None)
     with pytest.raises(ModelInputError, match="give each unknown dimension its own level"):

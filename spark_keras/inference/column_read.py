@@ -86,6 +86,7 @@ class ColumnRead:
         if self.shapes is not None:
             return self._rows(keep)
         size, shape = self.spec.size, self.spec.shape
+        assert size is not None  # no per-row shapes: the input's dimensions are all known
         if self.starts is None:
             flat = self.leaf[: self.n * size].reshape((self.n, size))
             if keep is not None:
@@ -99,11 +100,13 @@ class ColumnRead:
         """An input with unknown dimensions: an object array of one array per row, each of
         its own shape (views of the column's values, not yet cast: rows of one shape are
         stacked and cast together when the model is called)."""
+        shapes, starts = self.shapes, self.starts
+        assert shapes is not None and starts is not None  # rows of their own shapes have starts
         rows = np.flatnonzero(keep) if keep is not None else np.arange(self.n)
         out = np.empty(len(rows), dtype=object)
         for k, r in enumerate(rows):
-            shape = tuple(int(d) for d in self.shapes[r])
-            start = int(self.starts[r])
+            shape = tuple(int(d) for d in shapes[r])
+            start = int(starts[r])
             out[k] = self.leaf[start:start + math.prod(shape)].reshape(shape)
         return out
 
@@ -153,8 +156,10 @@ def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
 
 def _culprit_in(read: "ColumnRead", row: int) -> str:
     """The column of a block (``parts``) whose value in ``row`` is not a finite number."""
-    start = int(read.starts[row]) if read.starts is not None else row * read.spec.size
-    values = read.leaf[start:start + read.spec.size]
+    size = read.spec.size
+    assert size is not None  # a block of scalar columns has a fixed size
+    start = int(read.starts[row]) if read.starts is not None else row * size
+    values = read.leaf[start:start + size]
     bad = np.flatnonzero(~np.isfinite(values)) if values.dtype.kind == "f" else []
     return read.parts[int(bad[0])] if len(bad) else read.name
 

@@ -197,12 +197,12 @@ def from_frame(frame: Any, columns: Sequence[Any] | Mapping[str, Sequence[Any]] 
             return [block]
         return from_pandas(names, [frame[c] for c in chosen])
 
-    if isinstance(columns, Mapping) and signature is None:
-        # for a preprocess function, which makes the model's inputs itself: every column
-        # the mapping names, each once, in the order named
-        named = [c for v in columns.values() for c in ([v] if _is_label(v) else list(v))]
-        return take(list({str(c): c for c in named}.values()))
     if isinstance(columns, Mapping):
+        if signature is None:
+            # for a preprocess function, which makes the model's inputs itself: every
+            # column the mapping names, each once, in the order named
+            named = [c for v in columns.values() for c in ([v] if _is_label(v) else list(v))]
+            return take(list({str(c): c for c in named}.values()))
         inputs = [s.name for s in signature.inputs]
         if set(columns) != set(inputs):
             raise ModelInputError(f"columns= must map each model input {inputs} to its "
@@ -264,7 +264,7 @@ def _labels(rows: Sequence[Any], input_names: list[str]) -> list[str]:
     """Column names for errors: the Rows' (or dicts') own field names, unless they are
     keyed by the input names (as :func:`_row_parts` then reads them) or are not one per
     input."""
-    first = rows[0] if rows else None
+    first: Any = rows[0] if rows else None
     keys = list(first.asDict() if hasattr(first, "asDict") else
                 first if isinstance(first, dict) else [])
     if len(keys) != len(input_names) or all(name in keys for name in input_names):

@@ -5,7 +5,7 @@ value, NaN in numpy arrays and pandas frames (other dtypes become floats), None.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +64,7 @@ def _full(values: np.ndarray, invalid: np.ndarray) -> np.ndarray:
     """``values`` of the valid rows spread over all rows, invalid rows NaN (an Arrow
     column masks them; elsewhere non-float outputs become floats, text None)."""
     dtype = nullable_dtype(values.dtype)
-    full = np.full((len(invalid), *values.shape[1:]), None if dtype == object else np.nan,
+    full = np.full((len(invalid), *values.shape[1:]), None if dtype.kind == "O" else np.nan,
                    dtype=dtype)
     full[~invalid] = values
     return full
@@ -91,7 +91,7 @@ def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | 
     if is_scalar_output(spec):
         return pa.array(values.reshape(n), type=text, mask=invalid)
     arr: pa.Array = pa.array(values.reshape(-1), type=text)
-    for level, width in enumerate(reversed(spec.shape)):
+    for level, width in enumerate(reversed(cast("tuple[int, ...]", spec.shape))):  # all known
         count = len(arr) // width
         offsets = pa.array(np.arange(0, (count + 1) * width, width, dtype=np.int32))
         outermost = level == len(spec.shape) - 1
@@ -152,7 +152,8 @@ def flat_columns(signature: Signature) -> list[str]:
         raise ModelError(f"output(s) {ragged} have unknown dimensions: rows differ in shape and "
                          f"cannot be flattened into columns of one width")
     return [n for out in signature.outputs
-            for n in ([out.name] if out.size == 1 else [f"{out.name}_{i}" for i in range(out.size)])]
+            for n in ([out.name] if out.size == 1 else
+                      [f"{out.name}_{i}" for i in range(cast(int, out.size))])]  # none ragged
 
 
 def flat_dtype(signature: Signature, nullable: bool = False) -> np.dtype:

@@ -13,7 +13,7 @@ in the driver's ``__main__`` works in the workers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, cast
 
 from ..errors import ArgumentTypeError, PreprocessError
 from .isolation import columns_text, first_failure, isolate, reason_text
@@ -137,11 +137,14 @@ def _stitched(parts: list[tuple[int, int, Columns]], n: int, signature: Signatur
             arrays.append(pa.nulls(n - at, col.array.type))
         return Column(col.name, pa.concat_arrays(arrays), col.parts)
 
+    # the parts are of one kind: _made reads each of fn's results the same way
     first = parts[0][2]
     if isinstance(first, Mapping):
-        return {key: [stitch(j, [(a, b, made[key]) for a, b, made in parts])
+        maps = [(a, b, cast("Mapping[str, Sequence[Column]]", made)) for a, b, made in parts]
+        return {key: [stitch(j, [(a, b, m[key]) for a, b, m in maps])
                       for j in range(len(group))] for key, group in first.items()}
-    return [stitch(j, parts) for j in range(len(first))]  # type: ignore[arg-type]
+    lists = [(a, b, cast("Sequence[Column]", made)) for a, b, made in parts]
+    return [stitch(j, lists) for j in range(len(first))]
 
 
 def to_frame(columns: Columns) -> pd.DataFrame:

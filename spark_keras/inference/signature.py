@@ -60,8 +60,9 @@ def _graph_signature(model: Any) -> Signature:
         outputs_struct = rt.output_spec(model, (None, *inputs[0].shape), floatx)
 
     if isinstance(outputs_struct, dict):
-        out_names: tuple[str, ...] | None = tuple(outputs_struct)
-        out_tensors = [outputs_struct[k] for k in out_names]
+        keys = tuple(outputs_struct)
+        out_names: tuple[str, ...] | None = keys
+        out_tensors = [outputs_struct[k] for k in keys]
     else:
         out_tensors = rt.flatten(outputs_struct)
         out_names = None

@@ -27,7 +27,7 @@ class TensorSpec:
     @property
     def size(self) -> int | None:
         """Values per row; None when rows differ in shape (:attr:`variable`)."""
-        return None if self.variable else math.prod(self.shape)
+        return None if self.variable else math.prod(d for d in self.shape if d is not None)
 
     def describe(self) -> str:
         return f"{self.dtype} of shape {self.shape}"

@@ -14,6 +14,7 @@ source, read by :mod:`.images` (:func:`read_column` takes every kind).
 from __future__ import annotations
 
 import math
+from typing import Callable, cast
 
 import numpy as np
 import pyarrow as pa
@@ -103,7 +104,7 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
         return _read_numbers(name, arr, spec, problems)
     lo = np.arange(n, dtype=np.int64)
     hi = lo + 1
-    widths = _level_widths(depth, spec.shape)
+    widths = _level_widths(depth, cast("tuple[int, ...]", spec.shape))  # not variable: all known
     contiguous = True
     for level, width in enumerate(widths):
         offsets = _offsets(arr)
@@ -121,6 +122,16 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
     leaf, first = _read_leaf(arr, lo, hi, problems)
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
+
+
+def _not_rectangular(level: int) -> Callable[[int, str], str]:
+    return lambda r, at: (f"ragged arrays: {at} is not rectangular (arrays of different "
+                          f"lengths at nesting level {level})")
+
+
+def _wrong_length(level: int, row_len: np.ndarray, takes: str) -> Callable[[int, str], str]:
+    return lambda r, at: (f"{at} has {int(row_len[r])} values at nesting level {level} where "
+                          f"the model input takes {takes}")
 
 
 def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> ColumnRead:
@@ -143,9 +154,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         dims_here = shape[level:] if level == depth - 1 else shape[level:level + 1]
         row_len, uneven = _row_lengths(arr, lo, hi)
         if level:
-            problems.append(Problem(uneven, lambda r, at, lv=level: (
-                f"ragged arrays: {at} is not rectangular (arrays of different lengths at "
-                f"nesting level {lv})")))
+            problems.append(Problem(uneven, _not_rectangular(level)))
         known = math.prod(d for d in dims_here if d is not None)
         takes = str(known) if None not in dims_here else \
             "a non-empty array" if known == 1 else f"a non-empty multiple of {known}"
@@ -157,9 +166,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         else:
             wrong = row_len != known
             dims[:, level:level + len(dims_here)] = dims_here
-        problems.append(Problem(wrong & ~uneven, lambda r, at, lv=level, got=row_len, t=takes: (
-            f"{at} has {int(got[r])} values at nesting level {lv} where the model input "
-            f"takes {t}")))
+        problems.append(Problem(wrong & ~uneven, _wrong_length(level, row_len, takes)))
         arr, lo, hi = _step_down(arr, _offsets(arr), lo, hi, problems)
     leaf, first = _read_leaf(arr, lo, hi, problems)
     return ColumnRead(name, spec, n, leaf, lo - first, [p for p in problems if p.rows.any()],
@@ -254,8 +261,14 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
     dense = fields["type"].fill_null(1).to_numpy(zero_copy_only=False) == 1
     if dense.all() and not arr.null_count:  # a list column in disguise: read it as one
         read = read_column(name, values, spec)
-        read.column_note = f", i.e. {size} features"
+        if size is not None:
+            read.column_note = f", i.e. {size} features"
         return read
+    if size is None:
+        raise ModelInputError(
+            f"column {name!r}: ML Vectors, sparse or null ones among them, cannot give rows "
+            f"of the model input {spec.name!r}, {spec.describe()} (unknown dimensions): pass "
+            f"dense vectors or an array column")
     sizes = fields["size"].fill_null(size).to_numpy(zero_copy_only=False).astype(np.int64)
     v_off = values.offsets.to_numpy().astype(np.int64)
     lengths = np.diff(v_off)

@@ -23,4 +23,5 @@ def job_file(name: str) -> str:
 
         raise ArgumentError(f"unknown job {name!r}; the jobs are {sorted(JOBS)}")
     module = importlib.import_module(f"{__name__}.{name}")
+    assert module.__file__ is not None  # a job is a module file, not a namespace package
     return os.path.abspath(module.__file__)

@@ -22,7 +22,7 @@ def reason(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines()]
     found = [m for m in map(_ERROR_LINE.match, lines) if m]
     ours = [m for m in found if m.group(1).startswith("spark_keras.")]
-    best = (ours or found or [None])[0 if ours else -1]
+    best = ours[0] if ours else found[-1] if found else None
     if best:
         return f"{best.group(1).rsplit('.', 1)[-1]}: {best.group(2)}"
     grpc = _GRPC_DETAILS.search(str(exc))

@@ -75,6 +75,7 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
     if (fetch is None) == (write is None):
         raise ArgumentTypeError("land() takes one of fetch and write")
     if write is None:
+        assert fetch is not None  # one of the two, checked above
         write = functools.partial(_write_fetched, fetch)
     path = path_for(folder, key)
     if damaged is None and _complete(path, nbytes):

@@ -43,7 +43,7 @@ def map_file(path: str | os.PathLike, *, copy_on_write: bool = True) -> memoryvi
 def close(view: memoryview) -> None:
     """Unmap a :func:`map_file` mapping now, unless arrays still view it (then the
     garbage collector unmaps it when they are gone)."""
-    mapping = view.obj
+    mapping: Any = view.obj  # the mmap.mmap map_file made the view of
     try:
         view.release()
         mapping.close()

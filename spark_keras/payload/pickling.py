@@ -29,7 +29,7 @@ def make_picklable(model_or_class: Any, *, custom_objects: Mapping[str, Any] | N
     options = {"custom_objects": dict(custom_objects or {}),
                "include_optimizer": include_optimizer, "safe_mode": safe_mode}
     if isinstance(model_or_class, type):
-        model_or_class.__reduce_ex__ = _reduce_ex
+        model_or_class.__reduce_ex__ = _reduce_ex  # type: ignore[method-assign]  # opting the class in
         setattr(model_or_class, _OPTIONS_ATTR, options)
     else:
         # Pickle looks __reduce_ex__ up on the instance, so one model can opt in alone.

@@ -117,6 +117,7 @@ class ModelSource:
         if self._location is not None:
             return BroadcastModel(spark, self._location, **self._options)
         # payload bytes: through a file, so that the BroadcastModel ships these very bytes
+        assert self._payload is not None  # a source holds one of a model, location or payload
         with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
             path = os.path.join(tmp, PAYLOAD_FILE)
             with open(path, "wb") as f:
@@ -158,6 +159,7 @@ class ModelSource:
                               safe_mode=self._options["safe_mode"])[1]
         if self._model is not None:
             return codec.dumps(self._model, custom_objects=self._options["custom_objects"])
+        assert self._given is not None  # none of the others: the source is a BroadcastModel
         recipe = getattr(self._given, "_recipe", None)
         objects = recipe.custom_objects() if recipe is not None else None
         return codec.dumps(self._given.value, custom_objects=objects)

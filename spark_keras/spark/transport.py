@@ -161,7 +161,7 @@ def _executor_pid() -> int | None:
     or the workers themselves without a daemon). None where ``/proc`` cannot tell."""
     try:
         me = os.readlink("/proc/self/exe")
-        pid = os.getppid()
+        pid: int | None = os.getppid()
         while pid and pid > 1:
             if os.readlink(f"/proc/{pid}/exe") != me:
                 return pid
