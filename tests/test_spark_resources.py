@@ -21,7 +21,7 @@ from spark_keras.spark import resources
 
 from . import models
 from . import test_spark_daemon as daemon_tests
-from .conftest import DAEMON, make_spark, preloaded_daemons
+from .conftest import DAEMON, daemon_reports, make_spark, preloaded_daemons
 
 # a local-cluster[2,2,1024] with fake GPUs of its own: about 75 s in all
 pytestmark = pytest.mark.slow
@@ -132,6 +132,23 @@ def test_a_stage_profile_with_two_cpus_gives_tensorflow_two_threads(cluster, cas
     for r in records:
         assert (r["task_cpus"], r["intra_op_threads"], r["inter_op_threads"]) == (2, 2, 2), r
         assert r["requested_device"] is None and r["key"] == bm.key, r  # no GPU asked
+    if DAEMON == "spark_keras.spark.daemon":  # numpy's and scipy's BLAS pools ran in the
+        # daemon (OMP_NUM_THREADS=2): it still preloaded, and its workers' pools have 2 threads
+        import pyarrow as pa
+
+        def probe(batches):
+            import threadpoolctl
+
+            for _ in batches:
+                pass
+            pools = [p["num_threads"] for p in threadpoolctl.threadpool_info()
+                     if p["internal_api"] == "openblas"]
+            yield pa.RecordBatch.from_pylist([{"ppid": os.getppid(), "pools": pools}])
+
+        found = df.mapInArrow(probe, "ppid long, pools array<long>", profile=profile).collect()
+        reports = daemon_reports(build_log)
+        assert all(reports[r.ppid]["refused"] is None and r.pools == [2, 2] for r in found), \
+            (found, reports)
 
 
 def test_the_users_thread_setting_wins(cluster, case, build_log):
