@@ -5,11 +5,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LINT_STAMP := $(VENV)/.lint-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-slow test-bench test-compat demo bench bench-tf-keras fuzz check-java venv clean
+.PHONY: test test-slow test-bench test-compat lint demo bench bench-tf-keras fuzz check-java venv clean
 
 venv: $(STAMP)
 
@@ -46,6 +47,16 @@ test-bench: check-java $(STAMP)
 # One leg: make test-compat COMPAT_ARGS=spark43-tfkeras
 test-compat: check-java $(STAMP)
 	MAIN_VENV=$(VENV) $(PYTHON) compat/matrix.py $(COMPAT_ARGS)
+
+# ruff over the code, mypy over the package (settings in pyproject.toml), in the full venv
+# so that mypy sees the same libraries the code runs with; CI runs it before the tests.
+lint: $(LINT_STAMP)
+	$(PY) -m ruff check spark_keras jobs bench tests fuzz compat
+	$(PY) -m mypy
+
+$(LINT_STAMP): $(STAMP) setup.cfg constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[lint]'
+	@touch $(LINT_STAMP)
 
 demo: check-java $(STAMP)
 	$(PY) jobs/demo.py

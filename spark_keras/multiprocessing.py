@@ -28,8 +28,8 @@ from .handle import ModelHandle
 from .inference import columns as cols
 from .inference.engine import Scored, empty_outputs, model_inputs, score
 from .inference.isolation import RowFailure, reason_text
-from .inference.outputs import to_numpy
 from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
+from .inference.outputs import to_numpy
 from .inference.signature import signature_of
 from .payload import host_file
 from .payload.shipment import Shipment
@@ -100,6 +100,7 @@ def pool_predict(model: Any, data: Any, *,
             raise ArgumentTypeError("pool_predict(preprocess=...) takes a pandas DataFrame or "
                                     f"an Arrow table, not {type(data).__name__}")
         raw = cols.from_frame(data, columns, None)
+        assert not isinstance(raw, Mapping)  # without a signature: one list of columns
         names, inputs, invalid = [c.name for c in raw], [c.array for c in raw], None
     n = len(inputs[0])
     if n == 0:

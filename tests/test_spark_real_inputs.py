@@ -64,8 +64,9 @@ def test_null_and_wrongly_typed_text(spark, text_bm, text_model):
     with pytest.raises(Exception, match=pattern):
         df.select(text_bm.predict_udf()("text")).collect()
     want = direct(text_model, [texts[0], texts[2]])
-    for got in ([r.prediction for r in text_bm.transform(df, "text", on_invalid="null").orderBy("id").collect()],
-                [r.p for r in df.orderBy("id").select(text_bm.predict_udf(on_invalid="null")("text").alias("p")).collect()]):
+    transformed = text_bm.transform(df, "text", on_invalid="null").orderBy("id")
+    selected = df.orderBy("id").select(text_bm.predict_udf(on_invalid="null")("text").alias("p"))
+    for got in ([r.prediction for r in transformed.collect()], [r.p for r in selected.collect()]):
         assert got[1] is None
         np.testing.assert_allclose(np.array([got[0], got[2]]), want, atol=1e-5)
     numbers = spark.createDataFrame([(0, 1.5)], "id long, text double")
@@ -96,7 +97,8 @@ def test_string_outputs_are_string_columns(spark):
         assert rows[2] is None
         assert [r.label for r in rows if r is not None] == labels
         np.testing.assert_allclose([r.logits for r in rows if r is not None], want["logits"], atol=1e-5)
-        udf_rows = [r.p for r in df.orderBy("id").select(bm.predict_udf(on_invalid="null")("word").alias("p")).collect()]
+        udf = bm.predict_udf(on_invalid="null")
+        udf_rows = [r.p for r in df.orderBy("id").select(udf("word").alias("p")).collect()]
         assert [r.label if r else None for r in udf_rows] == labels[:2] + [None] + labels[2:]
     finally:
         bm.destroy()

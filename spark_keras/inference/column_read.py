@@ -85,8 +85,9 @@ class ColumnRead:
         the input dtype (zero-copy when every row is kept and the layout allows)."""
         if self.shapes is not None:
             return self._rows(keep)
-        size, shape = self.spec.size, self.spec.shape
-        assert size is not None  # no per-row shapes: the input's dimensions are all known
+        # no per-row shapes: the input's dimensions are all known
+        shape = self.spec.known_shape
+        size = math.prod(shape)
         if self.starts is None:
             flat = self.leaf[: self.n * size].reshape((self.n, size))
             if keep is not None:
@@ -160,7 +161,7 @@ def _culprit_in(read: "ColumnRead", row: int) -> str:
     assert size is not None  # a block of scalar columns has a fixed size
     start = int(read.starts[row]) if read.starts is not None else row * size
     values = read.leaf[start:start + size]
-    bad = np.flatnonzero(~np.isfinite(values)) if values.dtype.kind == "f" else []
+    bad = np.flatnonzero(~np.isfinite(values)) if values.dtype.kind == "f" else np.zeros(0, int)
     return read.parts[int(bad[0])] if len(bad) else read.name
 
 

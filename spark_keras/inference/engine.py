@@ -18,6 +18,7 @@ from .options import check_on_invalid
 from .specs import Signature, TensorSpec, empty_outputs
 from .walk import read_column
 
+
 @dataclass(frozen=True)
 class Scored:
     """A batch's predictions: ``outputs`` (flat, signature order) for the valid rows only;
@@ -116,7 +117,7 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
     stacked = np.empty((rows, len(group)), dtype=object if leaf_kind(spec) == "string" else spec.dtype)
     for j, r in enumerate(group):
         stacked[:, j] = r.values(keep)
-    return stacked.reshape((rows, *spec.shape))
+    return stacked.reshape((rows, *spec.known_shape))
 
 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",

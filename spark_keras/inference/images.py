@@ -78,6 +78,7 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
 def _binary_buffers(data: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary column's offsets (``len + 1``, int64) and its bytes from the first row's
     start to the last row's end (a view of the Arrow buffer)."""
+    width: type[np.signedinteger]
     if pa.types.is_large_binary(data.type):
         width = np.int64
     else:

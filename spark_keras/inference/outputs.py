@@ -91,7 +91,7 @@ def tensor_to_arrow(values: np.ndarray, spec: TensorSpec, invalid: np.ndarray | 
     if is_scalar_output(spec):
         return pa.array(values.reshape(n), type=text, mask=invalid)
     arr: pa.Array = pa.array(values.reshape(-1), type=text)
-    for level, width in enumerate(reversed(cast("tuple[int, ...]", spec.shape))):  # all known
+    for level, width in enumerate(reversed(spec.known_shape)):
         count = len(arr) // width
         offsets = pa.array(np.arange(0, (count + 1) * width, width, dtype=np.int32))
         outermost = level == len(spec.shape) - 1
@@ -167,7 +167,7 @@ def flat_outputs(scored: Scored, nullable: bool = False) -> np.ndarray:
     """``(rows, values)``: every output flattened, side by side, in signature order, of
     :func:`flat_dtype`; invalid rows NaN (they need ``nullable``, a float dtype)."""
     dtype = flat_dtype(scored.signature, nullable)
-    flat = np.concatenate([o.reshape(len(o), s.size) for o, s in
+    flat = np.concatenate([o.reshape(len(o), cast(int, s.size)) for o, s in
                            zip(_decoded(scored), scored.signature.outputs)], axis=1).astype(
         dtype, copy=False)
     return flat if scored.invalid is None else _full(flat, scored.invalid)

@@ -8,15 +8,15 @@ not, and does not retrace for the last, shorter batch.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 
 from .. import flavour
-from .signature import signature_of
-from .specs import Signature, empty_outputs
 from .isolation import Isolated, RowFailure, first_failure, isolate
 from .options import DEFAULT_BATCH_SIZE
+from .signature import signature_of
+from .specs import Signature, empty_outputs
 from .tasks import attached_preprocessor, preprocessed
 
 _ATTR = "_spark_keras_predictor"
@@ -85,19 +85,20 @@ class Predictor:
                 got_all = self._batched(inputs, batch_size, found)
             except RowFailure as failure:  # its row, numbered in the whole batch
                 raise RowFailure(int(index[failure.row]), failure.cause) from failure.cause
-            if found:
+            if failures is not None and found:
                 failures.update({int(index[k]): exc for k, exc in found.items()})
             for j, got in enumerate(got_all):
-                if outs[j] is None:
-                    outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
+                out = outs[j]
+                if out is None:
+                    out = outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
                 if self.signature.outputs[j].variable:  # one array per row, of its own shape
                     for k, row in enumerate(index):
-                        outs[j][row] = got[k]
+                        out[row] = got[k]
                 else:
-                    outs[j][index] = got
+                    out[index] = got
         if not n:
             return empty_outputs(self.signature)
-        return outs
+        return cast("list[np.ndarray]", outs)  # each filled by the first group
 
     def _batched(self, arrays: Sequence[np.ndarray], batch_size: int,
                  failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,7 +27,14 @@ class TensorSpec:
     @property
     def size(self) -> int | None:
         """Values per row; None when rows differ in shape (:attr:`variable`)."""
-        return None if self.variable else math.prod(d for d in self.shape if d is not None)
+        return None if self.variable else math.prod(self.known_shape)
+
+    @property
+    def known_shape(self) -> tuple[int, ...]:
+        """:attr:`shape`, typed for a spec whose dimensions are all known (call only
+        when not :attr:`variable`)."""
+        assert not self.variable, self
+        return cast("tuple[int, ...]", self.shape)
 
     def describe(self) -> str:
         return f"{self.dtype} of shape {self.shape}"
@@ -58,5 +65,5 @@ def model_outputs(outputs: list[Any], signature: Signature) -> Any:
 
 def empty_outputs(signature: Signature) -> list[np.ndarray]:
     """Outputs for no rows, of the output specs' shapes and dtypes."""
-    return [np.zeros((0, *s.shape), dtype=object if s.dtype == "string" else s.dtype)
+    return [np.zeros((0, *s.known_shape), dtype=object if s.dtype == "string" else s.dtype)
             if not s.variable else np.empty(0, dtype=object) for s in signature.outputs]

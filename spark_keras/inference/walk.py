@@ -104,7 +104,7 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
         return _read_numbers(name, arr, spec, problems)
     lo = np.arange(n, dtype=np.int64)
     hi = lo + 1
-    widths = _level_widths(depth, cast("tuple[int, ...]", spec.shape))  # not variable: all known
+    widths = _level_widths(depth, spec.known_shape)
     contiguous = True
     for level, width in enumerate(widths):
         offsets = _offsets(arr)
@@ -165,7 +165,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
                 dims[:, level + j] = free if d is None else d
         else:
             wrong = row_len != known
-            dims[:, level:level + len(dims_here)] = dims_here
+            dims[:, level:level + len(dims_here)] = cast("tuple[int, ...]", dims_here)  # no None
         problems.append(Problem(wrong & ~uneven, _wrong_length(level, row_len, takes)))
         arr, lo, hi = _step_down(arr, _offsets(arr), lo, hi, problems)
     leaf, first = _read_leaf(arr, lo, hi, problems)

@@ -74,7 +74,7 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
         if args.master:
             raise JobError(f"--master {args.master!r} cannot be combined with Spark Connect "
                            f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
-        paths = ArrowPaths()
+        paths: Paths = ArrowPaths()
         _check_paths(paths, args)
         return connect_session(args.remote), paths
     spark = classic_session(args.master)

@@ -70,7 +70,7 @@ class MemoryStore(saving_lib.H5IOStore):
     def __len__(self) -> int:
         return len(self._group())
 
-    def keys(self):  # type: ignore[override]
+    def keys(self):
         return self._group().keys()
 
     def __contains__(self, key: object) -> bool:

@@ -19,7 +19,7 @@ from .paths import stage_file
 from .transport import is_connect
 
 if TYPE_CHECKING:  # the stage's class is handed in (KerasTransformer.read, .write)
-    from pyspark.ml.param import Params as KerasTransformer
+    from ..ml import KerasTransformer
 
 __all__ = ["KerasTransformerWriter", "KerasTransformerReader"]
 

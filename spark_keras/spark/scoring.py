@@ -95,8 +95,10 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any,
     # ML Vector, arrives as a DataFrame)
     column = Union[pd.Series, pd.DataFrame]
     item = column if len(names) == 1 else Tuple[column, ...]
-    predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pd.Series]}
-    udf = pandas_udf(predict, return_type)
+    # (a type made at run time, for pandas_udf to read: mypy cannot check it)
+    predict.__annotations__ = {"batches": Iterator[item],  # type: ignore[valid-type]
+                               "return": Iterator[pd.Series]}
+    udf = pandas_udf(predict, return_type)  # type: ignore[call-overload]  # typed at run time
     if not isinstance(udf.returnType, StructType):
         return udf
 
@@ -260,8 +262,10 @@ def _arrow_udf_of(score_batches: Any, n_inputs: int, fields: list) -> Any:
                 yield pa.StructArray.from_arrays(arrays, names=[f.name for f in fields])
 
     item = pa.Array if n_inputs == 1 else Tuple[pa.Array, ...]
-    predict.__annotations__ = {"batches": Iterator[item], "return": Iterator[pa.Array]}
-    return arrow_udf(predict, fields[0].dataType if len(fields) == 1 else StructType(fields))
+    predict.__annotations__ = {"batches": Iterator[item],  # type: ignore[valid-type]  # as above
+                               "return": Iterator[pa.Array]}
+    return arrow_udf(predict,  # type: ignore[call-overload]  # typed at run time, as above
+                     fields[0].dataType if len(fields) == 1 else StructType(fields))
 
 
 # the struct of an arrow_udf's several results, unpacked right after it
