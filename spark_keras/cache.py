@@ -221,20 +221,32 @@ model_cache = ModelCache(
 
 
 def cache_info() -> dict[str, Any]:
-    """This process's model cache statistics: builds (total and by key), hits, evictions,
-    entries, bytes, seconds spent building, limits, the process id, and per entry
-    (``memory_by_key``) whether its weights are shared with other processes
-    (``shared``), how many weight bytes are shared and private to this process, and,
-    for a model built on its own copy because the host's shared payload file could not
-    be written (a full or read-only disk), why (``shared_fallback``); and per entry
-    (``placement_by_key``) where a Spark worker built it: ``device`` (TensorFlow's,
-    ``CPU:0`` or ``GPU:<i>``), ``requested_device`` and ``gpu_address`` (the GPU Spark
-    assigned the task, if any), ``task_cpus`` and TensorFlow's ``intra_op_threads`` /
-    ``inter_op_threads`` (0: TensorFlow's default). A model built for another GPU has
-    its own entry, keyed ``<key>@GPU:<i>``. The build log records the same fields."""
+    """This process's model cache statistics.
+
+    Returns:
+        A dict: builds (total and by key), hits, evictions, entries, bytes, seconds
+        spent building, limits, the process id, and per entry (``memory_by_key``)
+        whether its weights are shared with other processes (``shared``), how many
+        weight bytes are shared and private to this process, and, for a model built on
+        its own copy because the host's shared payload file could not be written (a
+        full or read-only disk), why (``shared_fallback``); and per entry
+        (``placement_by_key``) where a Spark worker built it: ``device`` (TensorFlow's,
+        ``CPU:0`` or ``GPU:<i>``), ``requested_device`` and ``gpu_address`` (the GPU
+        Spark assigned the task, if any), ``task_cpus`` and TensorFlow's
+        ``intra_op_threads`` / ``inter_op_threads`` (0: TensorFlow's default). A model
+        built for another GPU has its own entry, keyed ``<key>@GPU:<i>``. The build log
+        records the same fields.
+    """
     return model_cache.info()
 
 
 def configure_cache(*, max_entries: int | None = None, max_bytes: int | None = None) -> None:
-    """Change this process's cache limits (evicting at once if over them)."""
+    """Change this process's cache limits, evicting at once if it is over them.
+
+    Args:
+        max_entries: the most models kept (at least 1; default 4, or
+            ``SPARK_KERAS_CACHE_MAX_ENTRIES``); None keeps the current limit.
+        max_bytes: the most weight bytes kept (default 8 GiB, or
+            ``SPARK_KERAS_CACHE_MAX_BYTES``); None keeps the current limit.
+    """
     model_cache.configure(max_entries=max_entries, max_bytes=max_bytes)

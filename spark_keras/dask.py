@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -34,8 +34,8 @@ from .errors import ModelInputError, SparkKerasError
 from .handle import ModelHandle
 from .inference import columns as cols
 from .inference.engine import score
-from .inference.outputs import flat_columns, flat_dtype, flat_outputs
 from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
+from .inference.outputs import flat_columns, flat_dtype, flat_outputs
 from .inference.preprocess import Preprocess
 from .inference.signature import Signature, model_outputs
 from .payload import host_file
@@ -51,7 +51,7 @@ PAYLOAD_FOLDER = host_file.FOLDER_NAME  # beside the workers' scratch folders
 
 def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
          safe_mode: bool = True, preprocess: Any = None) -> "DaskModel":
-    """Send ``model`` to every worker of ``client`` once; return a handle for tasks.
+    """Send ``model`` to every worker of ``client`` once, for tasks to use.
 
     The payload and the model's custom objects (those found in it plus
     ``custom_objects``; cloudpickled, so classes from ``__main__`` work) travel in a
@@ -72,9 +72,19 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
         scores = predict_dask(handle, ddf, columns=feature_names)
         handle.release()                      # or: with ship(client, model) as handle:
 
-    ``preprocess``: a function run in the workers on each partition (a pandas DataFrame
-    of the chosen columns) before the model, as for :class:`~spark_keras.BroadcastModel`;
-    :func:`predict_dask` applies it.
+    Args:
+        client: a ``distributed.Client``.
+        model: a built Keras model.
+        custom_objects: custom classes/functions its config refers to, beside those
+            found in it.
+        safe_mode: passed to ``loads`` in the workers (``False`` only for models you
+            trust: it allows Lambda layers).
+        preprocess: a function run in the workers on each partition (a pandas
+            DataFrame of the chosen columns) before the model, as for
+            :class:`~spark_keras.BroadcastModel`; :func:`predict_dask` applies it.
+
+    Returns:
+        The handle for tasks (:class:`DaskModel`).
 
     Raises:
         PayloadError: the model cannot be serialized. Rebuilding errors on a worker
@@ -91,7 +101,15 @@ def ship(client: Any, model: Any, *, custom_objects: Mapping[str, Any] | None = 
 
 class DaskModel(ModelHandle):
     """A model shipped to Dask workers by :func:`ship`: ``.value`` is the model (the
-    original on the driver, the cached rebuild in a worker process)."""
+    original on the driver, the cached rebuild in a worker process).
+
+    Args:
+        key: the cache key, the name of the worker plugin carrying the payload.
+        nbytes: the size of the payload in bytes.
+        model: the Keras model on the driver (None once unpickled in a worker).
+        client: the ``distributed.Client`` that shipped it (None once unpickled).
+        preprocess: the function run on each partition before the model.
+    """
 
     def __init__(self, key: str, nbytes: int, *, model: Any = None, client: Any = None,
                  preprocess: Preprocess | None = None) -> None:
@@ -103,7 +121,11 @@ class DaskModel(ModelHandle):
 
     def release(self) -> None:
         """Unregister the plugin: workers drop the payload and the cached model, and the
-        hosts' payload files go; tasks using this handle afterwards fail. Driver-side only."""
+        hosts' payload files go; tasks using this handle afterwards fail. Driver-side only.
+
+        Raises:
+            SparkKerasError: called elsewhere than on the driver that shipped the model.
+        """
         if self._client is None:
             raise SparkKerasError("release() is called on the driver that shipped the model")
         self._client.unregister_worker_plugin(self._key)
@@ -248,14 +270,15 @@ def _predict_array(x: Any, signature: Signature, options: dict) -> Any:
         raise ModelInputError(f"rows of shape {tuple(x.shape[1:])} do not fit the model's "
                               f"input {spec.name!r}: {spec.describe()}")
     x = x.rechunk({axis: -1 for axis in range(1, x.ndim)})
-    width = sum(out.size for out in signature.outputs)
+    width = len(flat_columns(signature))  # every value of every output (none ragged)
     dtype = flat_dtype(signature, options["on_invalid"] == "null")
     flat = x.map_blocks(_score_block, **options, dtype=dtype,
                         chunks=(x.chunks[0], (width,)), drop_axis=list(range(2, x.ndim)))
     outputs, start = [], 0
     for out in signature.outputs:
-        part = flat[:, start:start + out.size]
-        start += out.size
+        size = cast(int, out.size)  # known: flat_columns refused unknown dimensions
+        part = flat[:, start:start + size]
+        start += size
         if out.shape != (out.size,):
             part = part.reshape((part.shape[0], *out.shape))
         out_dtype = np.dtype(out.dtype) if options["on_invalid"] == "error" else dtype
@@ -311,7 +334,13 @@ def dask_setup(worker: Any = None) -> list[str]:
     ``SPARK_KERAS_PRELOAD`` environment variable (comma-separated, e.g.
     ``SPARK_KERAS_PRELOAD=my_layers,my_pkg.models``): the modules defining your custom
     layers and models, registered with ``@keras.saving.register_keras_serializable``, so
-    tasks only receive configs and weights. Returns the modules imported.
+    tasks only receive configs and weights.
+
+    Args:
+        worker: the ``distributed`` worker starting (named in the log).
+
+    Returns:
+        The names of the modules imported.
 
     Raises:
         SparkKerasError: a listed module cannot be imported (the worker does not start).

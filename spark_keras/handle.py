@@ -61,9 +61,12 @@ class ModelHandle:
         self._preprocess = Preprocess.of(preprocess)
 
     def build_model(self) -> tuple:
-        """In a worker: ``(model, nbytes)`` or ``(model, nbytes, memory)``, rebuilt from
-        what was shipped to this process. Called once per process and key (again after
-        a cache eviction).
+        """In a worker: rebuild the model from what was shipped to this process. Called
+        once per process and key (again after a cache eviction).
+
+        Returns:
+            ``(model, nbytes)`` or ``(model, nbytes, memory)`` (see
+            :meth:`~spark_keras.cache.ModelCache.get_or_build`).
 
         Raises:
             NotImplementedError: the subclass did not implement it.
@@ -82,7 +85,15 @@ class ModelHandle:
     @staticmethod
     def new_key(model: Any, prefix: str = "") -> str:
         """A cache key unique to one shipment of ``model``: every front-end's keys are
-        made here, so they never collide in a process's cache."""
+        made here, so they never collide in a process's cache.
+
+        Args:
+            model: the model shipped (its class names the key).
+            prefix: put before the key (a front-end's own mark).
+
+        Returns:
+            ``<prefix><model class>-<12 hex digits>``.
+        """
         return f"{prefix}{type(model).__name__}-{uuid.uuid4().hex[:12]}"
 
     @property

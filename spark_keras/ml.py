@@ -16,9 +16,10 @@
     PipelineModel.load("/models/churn").transform(df)
 
 Scoring is :meth:`BroadcastModel.transform <spark_keras.spark.broadcast.BroadcastModel.transform>`
-(an ``arrow_udf`` over the input columns; ``mapInArrow`` before PySpark 4.1): the stage creates its :class:`BroadcastModel` on first use, from the
-session of the DataFrame it transforms, and reuses it for every later call of the stage
-and of its copies, so each Python worker builds the model once.
+(an ``arrow_udf`` over the input columns; ``mapInArrow`` before PySpark 4.1): the stage
+creates its :class:`BroadcastModel` on first use, from the session of the DataFrame it
+transforms, and reuses it for every later call of the stage and of its copies, so each
+Python worker builds the model once.
 
 Saving writes Spark's usual stage metadata (the Params, as JSON, through
 ``DefaultParamsWriter``) plus the model's payload as ``payload.skp`` in the stage's
@@ -69,26 +70,35 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
                        MLWritable):
     """Scores a Keras model on a DataFrame column (or columns) in a ``pyspark.ml`` pipeline.
 
-    Params: ``inputCol`` (one array, ML ``Vector`` or scalar column) or ``inputCols``
-    (several scalar columns stacked as features, or one column per model input):
-    exactly one of them; ``outputCol`` (default ``"prediction"``: a scalar column for a
-    single-unit output, an array for a vector output, a struct with one field per output
-    for a multi-output model); ``batchSize`` (default 1024); ``onInvalid`` (``"error"``
-    or ``"null"``, see :meth:`BroadcastModel.predict_udf`); ``errorCol`` (unset by
-    default; with ``onInvalid="null"``, a string column saying why each invalid row got
-    a null prediction, see :meth:`BroadcastModel.transform`).
+    The model is shipped on the first ``transform`` (a ``BroadcastModel`` created from
+    the DataFrame's session) and shared by :meth:`copy`'s copies; a DataFrame of another
+    session (a new SparkContext, another Connect session) ships it again. The Params
+    (``inputCol`` to ``maxInvalid``) are saved with the stage; the other arguments are not.
 
     Args:
         model: a Keras model, a ``.keras`` file or payload file (a local path or a URI
             that ``pyarrow.fs`` opens), payload bytes (``spark_keras.dumps``), or a
             :class:`~spark_keras.BroadcastModel` (used as is, whatever session transforms).
-        custom_objects, safe_mode, share_weights, preprocess: as for ``BroadcastModel``.
-            Not saved: a loaded stage rebuilds with ``safe_mode=True``, needs its custom
-            classes registered where it is loaded, and has no preprocess function.
-
-    The model is shipped on the first ``transform`` (a ``BroadcastModel`` created from
-    the DataFrame's session) and shared by :meth:`copy`'s copies; a DataFrame of another
-    session (a new SparkContext, another Connect session) ships it again.
+        inputCol: one array, ML ``Vector`` or scalar column. Exactly one of ``inputCol``
+            and ``inputCols`` is set.
+        inputCols: several scalar columns stacked as features, or one column per model
+            input.
+        outputCol: the prediction's column (default ``"prediction"``): a scalar column
+            for a single-unit output, an array for a vector output, a struct with one
+            field per output for a multi-output model.
+        batchSize: rows per model call (default 1024).
+        onInvalid: ``"error"`` or ``"null"``, see :meth:`BroadcastModel.predict_udf`.
+        errorCol: unset by default; with ``onInvalid="null"``, a string column saying why
+            each invalid row got a null prediction, see :meth:`BroadcastModel.transform`.
+        maxInvalid: with ``onInvalid="null"``, the invalid rows a task may meet before
+            it fails, see :meth:`BroadcastModel.predict_udf`.
+        custom_objects: as for ``BroadcastModel``. Not saved: a loaded stage needs its
+            custom classes registered where it is loaded.
+        safe_mode: as for ``BroadcastModel``. Not saved: a loaded stage rebuilds with
+            ``safe_mode=True``.
+        share_weights: as for ``BroadcastModel``. Not saved.
+        preprocess: as for ``BroadcastModel``. Not saved: a loaded stage has no
+            preprocess function.
     """
 
     _input_kwargs: dict[str, Any]
@@ -155,8 +165,17 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
         return self._require_source().model()
 
     def broadcastModel(self, spark: Any = None) -> "BroadcastModel":
-        """The :class:`~spark_keras.BroadcastModel` shipping this stage's model to
-        ``spark``'s executors (default: the active session); created on first use."""
+        """The :class:`~spark_keras.BroadcastModel` shipping this stage's model.
+
+        Args:
+            spark: the session whose executors get it (default: the active session).
+
+        Returns:
+            The handle, created on first use for each session.
+
+        Raises:
+            SparkKerasError: the stage has no model.
+        """
         if spark is None:
             from pyspark.sql import SparkSession
 
@@ -185,9 +204,11 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
                 f"{self.uid} requires exactly one of inputCol, inputCols to be set, but "
                 f"neither is: inputCol for one array, ML Vector or scalar column, inputCols "
                 f"for several scalar columns or one column per model input")
-        if multi is not None and not multi:
+        if single is not None:
+            return single
+        if not multi:
             raise ArgumentError(f"{self.uid}: inputCols is empty")
-        return single if single is not None else list(multi)
+        return list(multi)
 
     def _transform(self, dataset: Any) -> Any:
         columns = self._input_columns()
@@ -207,10 +228,18 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     # --- persistence -----------------------------------------------------------------------
 
     def write(self) -> MLWriter:
-        """An MLWriter saving the params (JSON metadata) and the model's payload."""
+        """A writer for this stage (``stage.write().overwrite().save(path)``).
+
+        Returns:
+            An MLWriter saving the params (JSON metadata) and the model's payload.
+        """
         return KerasTransformerWriter(self)
 
     @classmethod
     def read(cls) -> "KerasTransformerReader":
-        """An MLReader for a stage saved by :meth:`write`."""
+        """A reader for saved stages (``KerasTransformer.read().load(path)``).
+
+        Returns:
+            An MLReader for a stage saved by :meth:`write`.
+        """
         return KerasTransformerReader(cls)

@@ -38,6 +38,9 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
         include_optimizer: also store the compile config and the optimizer's state,
             so the loaded model is compiled and can resume training.
 
+    Returns:
+        The payload: a config, the weights and any assets, in one self-describing buffer.
+
     Raises:
         PayloadError: the model cannot be represented faithfully (for example a
             subclassed model without ``get_config`` whose auto-config loses arguments).
@@ -84,14 +87,21 @@ def _json_bytes(obj: Any, what: str) -> bytes:
 
 def loads(data: Any, *, custom_objects: Mapping[str, Any] | None = None,
           safe_mode: bool = True, share_weights: bool = False) -> Any:
-    """Rebuild a Keras model from payload bytes (bytes, bytearray or memoryview).
+    """Rebuild a Keras model from payload bytes.
 
     Weights are read in place (zero-copy views) and copied once, into the variables.
-    ``safe_mode=True`` (the default) refuses Lambda layers and other objects that
-    would run arbitrary code; pass ``safe_mode=False`` only for payloads you trust.
-    ``share_weights=True`` makes the variables adopt ``data``'s memory instead of
-    copying it (Keras 3 with TensorFlow; see :func:`load`); ``data`` must then be
-    writable and must not change while the model lives.
+
+    Args:
+        data: the payload (bytes, bytearray or memoryview), as :func:`dumps` made it.
+        custom_objects: custom classes/functions the model's config refers to.
+        safe_mode: ``True`` (the default) refuses Lambda layers and other objects that
+            would run arbitrary code; pass ``False`` only for payloads you trust.
+        share_weights: make the variables adopt ``data``'s memory instead of copying
+            it (Keras 3 with TensorFlow; see :func:`load`); ``data`` must then be
+            writable and must not change while the model lives.
+
+    Returns:
+        The rebuilt Keras model (compiled, with its optimizer state, if it was saved so).
 
     Raises:
         PayloadError: corrupted, truncated, newer-format or other-flavour payloads.
@@ -188,6 +198,12 @@ def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None
     """Write ``dumps(model)`` to the local ``path`` atomically (a temp file, then a
     rename): the file is whole or absent, and no temporary file is left.
 
+    Args:
+        model: a built Keras model, as for :func:`dumps`.
+        path: the local file to write.
+        custom_objects: as for :func:`dumps`.
+        include_optimizer: as for :func:`dumps`.
+
     Raises:
         PayloadError: the model cannot be serialized (see :func:`dumps`).
         StorageError: ``path`` cannot be written (its folder is missing, read-only or
@@ -201,11 +217,22 @@ def load(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
          safe_mode: bool = True, share_weights: bool = False) -> Any:
     """Load a payload file, memory-mapped (weights are not read into a second buffer).
 
-    ``share_weights=True`` (Keras 3 with TensorFlow) maps the file copy-on-write and
-    makes the model's variables views of the mapping: every process loading the same
-    file shares one copy of the weights (the page cache's). Writes to the variables
-    (training, ``assign``) copy the pages they touch into this process only; the file
-    and other processes never see them. Elsewhere the weights are copied as usual.
+    Args:
+        path: a local payload file (written by :func:`save`).
+        custom_objects: as for :func:`loads`.
+        safe_mode: as for :func:`loads`.
+        share_weights: (Keras 3 with TensorFlow) map the file copy-on-write and make
+            the model's variables views of the mapping: every process loading the same
+            file shares one copy of the weights (the page cache's). Writes to the
+            variables (training, ``assign``) copy the pages they touch into this process
+            only; the file and other processes never see them. Elsewhere the weights
+            are copied as usual.
+
+    Returns:
+        The rebuilt Keras model.
+
+    Raises:
+        PayloadError: as for :func:`loads`, the message naming ``path``.
     """
     return load_mapped(path, custom_objects=custom_objects, safe_mode=safe_mode,
                        share_weights=share_weights)[0]
@@ -231,5 +258,12 @@ def load_mapped(path: PathLike, *, custom_objects: Mapping[str, Any] | None = No
 
 
 def is_payload(data: Any) -> bool:
-    """True if ``data`` (bytes-like) starts with the payload magic bytes."""
+    """Whether ``data`` looks like a payload.
+
+    Args:
+        data: bytes-like (bytes, bytearray, memoryview).
+
+    Returns:
+        True if ``data`` starts with the payload magic bytes.
+    """
     return bytes(memoryview(data)[: len(fmt.MAGIC)]) == fmt.MAGIC

@@ -25,6 +25,9 @@ def make_picklable(model_or_class: Any, *, custom_objects: Mapping[str, Any] | N
         include_optimizer: keep the compile config and optimizer state (like Keras's
             own pickling), so the copy can go on training.
         safe_mode: passed to ``loads`` on the receiving side.
+
+    Returns:
+        ``model_or_class`` itself, now pickled as a payload.
     """
     options = {"custom_objects": dict(custom_objects or {}),
                "include_optimizer": include_optimizer, "safe_mode": safe_mode}

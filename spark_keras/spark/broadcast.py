@@ -44,8 +44,9 @@ class BroadcastModel(ModelHandle):
     number of Python workers: the first worker that needs the model writes the payload
     to a file in the executor's block manager directory (deleted when the executor
     stops; on Spark Connect the session artifact is that file), and every worker builds
-    its model on weights that are views of that file, mapped copy-on-write (see :func:`spark_keras.load` with ``share_weights``). Such a model
-    is a normal Keras model; writes to its variables stay private to the worker.
+    its model on weights that are views of that file, mapped copy-on-write (see
+    :func:`spark_keras.load` with ``share_weights``). Such a model is a normal Keras model;
+    writes to its variables stay private to the worker.
 
     Args:
         spark: a ``SparkSession`` or ``SparkContext``.
@@ -118,8 +119,12 @@ class BroadcastModel(ModelHandle):
     def release_stale(self) -> list[str]:
         """In a worker: drop the models, and the executor's payload files, of the
         BroadcastModels the driver had destroyed or unpersisted when it shipped this
-        handle; the keys dropped. Every use of a handle's model does it first; call it to
-        free a worker's memory without using a model."""
+        handle. Every use of a handle's model does it first; call it to free a worker's
+        memory without using a model.
+
+        Returns:
+            The keys dropped.
+        """
         by_transport: dict[type[Transport], list[str]] = {}
         for key, transport in self._stale:
             if key not in _dropped:
@@ -159,7 +164,14 @@ class BroadcastModel(ModelHandle):
         return entry.value, placement
 
     def build_model(self, placement: resources.Placement | None = None) -> tuple:
-        """The model built from the transport's payload, on ``placement``'s device."""
+        """The model built from the transport's payload, on ``placement``'s device.
+
+        Args:
+            placement: the task's device and thread pools (default: the CPU).
+
+        Returns:
+            ``(model, nbytes, memory, placement record)`` for the model cache.
+        """
         placement = placement or resources.Placement()
         with placement.scope():
             model, nbytes, memory = self._transport.build(self._recipe, self._key, self._nbytes,
@@ -171,25 +183,33 @@ class BroadcastModel(ModelHandle):
     # --- inference helpers -----------------------------------------------------------
 
     def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                    on_invalid: str = "error", max_invalid: float | None = None):
+                    on_invalid: str = "error", max_invalid: float | None = None) -> Any:
         """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
 
         Columns: one array/Vector/scalar column per model input, several scalar columns
         stacked as the features of a single-input model, or a struct column
         (``udf(struct(*cols))``) whose fields are stacked the same way or matched by name
-        to a multi-input model's named inputs (see :mod:`spark_keras.inference.columns`). The result is a scalar column
-        for a single-unit output, (nested) arrays for vector outputs, a struct with one
-        field per output for multi-output models; ``return_type`` overrides it.
-        Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before.
+        to a multi-input model's named inputs (see :mod:`spark_keras.inference.columns`).
+        Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before. The row count
+        never changes.
 
-        ``on_invalid="error"`` (default) fails the task on a null, NaN/inf or wrongly
-        shaped row, naming the column and row, and on a row the model (or the preprocess
-        function) raises on (:class:`~spark_keras.errors.ModelCallError`, found by
-        retrying the batch in parts); ``"null"`` gives such rows a null prediction and
-        scores the rest. The row count never changes. ``max_invalid`` (with ``"null"``): a
-        count (>= 1) or a fraction (< 1) of invalid rows per task beyond which the task
-        fails with :class:`~spark_keras.errors.InvalidRowsError` (counted per task: a
-        count as soon as it is passed, a fraction over all the task's rows).
+        Args:
+            return_type: the result's Spark type (a ``DataType`` or a DDL string), instead
+                of the one the model's outputs give.
+            batch_size: rows per model call.
+            on_invalid: ``"error"`` (default) fails the task on a null, NaN/inf or wrongly
+                shaped row, naming the column and row, and on a row the model (or the
+                preprocess function) raises on (:class:`~spark_keras.errors.ModelCallError`,
+                found by retrying the batch in parts); ``"null"`` gives such rows a null
+                prediction and scores the rest.
+            max_invalid: (with ``"null"``) a count (>= 1) or a fraction (< 1) of invalid
+                rows per task beyond which the task fails with
+                :class:`~spark_keras.errors.InvalidRowsError` (counted per task: a count as
+                soon as it is passed, a fraction over all the task's rows).
+
+        Returns:
+            The UDF. Its column is a scalar for a single-unit output, (nested) arrays for
+            vector outputs, a struct with one field per output for multi-output models.
         """
         from . import scoring  # pyarrow loads with it, on first use: this module does not load it
 
@@ -201,30 +221,40 @@ class BroadcastModel(ModelHandle):
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
                   profile: Any = None, error_col: str | None = None,
                   observe: Any = None, max_invalid: float | None = None) -> Any:
-        """``df`` with every column kept plus ``output_col`` (a struct for multi-output
-        models), with zero-copy Arrow-to-numpy conversion. On PySpark >= 4.1 only the input
-        columns travel to Python and only the new columns come back (an ``arrow_udf``:
-        columns Arrow cannot carry, such as intervals, stay in the JVM); with a
-        ``profile``, or before PySpark 4.1, whole rows go through ``mapInArrow``. As with
-        any column, the prediction is computed where an action needs it: ``count()``
-        alone scores nothing (and raises no input error); write or collect the output.
-        ``on_invalid`` as in :meth:`predict_udf`. ``profile``: a
-        ``pyspark.resource.ResourceProfile`` for the scoring stage alone (PySpark >= 4.0;
-        stage-level scheduling: more CPUs, or GPUs, per scoring task); TensorFlow's
-        thread pools and the model's device follow each task's resources (see
-        :mod:`spark_keras.spark.resources`).
+        """Score ``df``, with zero-copy Arrow-to-numpy conversion.
 
-        ``error_col`` (with ``on_invalid="null"`` only): a string column added too, null
-        for scored rows and, for each invalid row, what ``on_invalid="error"`` would have
-        raised for it (the column, what is wrong, what the input expects), or for a row
-        the model or the preprocess function raised on, ``"model: <Error>: <message>"``.
-        ``max_invalid`` as in :meth:`predict_udf`.
+        On PySpark >= 4.1 only the input columns travel to Python and only the new
+        columns come back (an ``arrow_udf``: columns Arrow cannot carry, such as
+        intervals, stay in the JVM); with a ``profile``, or before PySpark 4.1, whole rows
+        go through ``mapInArrow``. As with any column, the prediction is computed where an
+        action needs it: ``count()`` alone scores nothing (and raises no input error);
+        write or collect the output.
 
-        ``observe``: a ``pyspark.sql.Observation`` (or a name, for streaming queries,
-        whose progress then reports ``observedMetrics[name]``) that, once an action has
-        run, holds ``rows``, ``invalid_rows``, ``model_builds`` (builds of this model in
-        the Python workers while the query's tasks ran: 0 where a worker had it cached)
-        and ``build_seconds``."""
+        Args:
+            df: the DataFrame to score.
+            input_cols: its column(s) holding the model's inputs, as for :meth:`predict_udf`.
+            output_col: the prediction's column (a struct for multi-output models).
+            batch_size: rows per model call.
+            on_invalid: as in :meth:`predict_udf`.
+            profile: a ``pyspark.resource.ResourceProfile`` for the scoring stage alone
+                (PySpark >= 4.0; stage-level scheduling: more CPUs, or GPUs, per scoring
+                task); TensorFlow's thread pools and the model's device follow each task's
+                resources (see :mod:`spark_keras.spark.resources`).
+            error_col: (with ``on_invalid="null"`` only) a string column added too, null
+                for scored rows and, for each invalid row, what ``on_invalid="error"``
+                would have raised for it (the column, what is wrong, what the input
+                expects), or for a row the model or the preprocess function raised on,
+                ``"model: <Error>: <message>"``.
+            observe: a ``pyspark.sql.Observation`` (or a name, for streaming queries,
+                whose progress then reports ``observedMetrics[name]``) that, once an
+                action has run, holds ``rows``, ``invalid_rows``, ``model_builds`` (builds
+                of this model in the Python workers while the query's tasks ran: 0 where a
+                worker had it cached) and ``build_seconds``.
+            max_invalid: as in :meth:`predict_udf`.
+
+        Returns:
+            ``df`` with every column kept plus ``output_col`` (and ``error_col``).
+        """
         from . import scoring
 
         self.check_usable()
@@ -237,11 +267,19 @@ class BroadcastModel(ModelHandle):
                           max_invalid: float | None = None) -> Iterator[Any]:
         """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
 
-        A row is a feature array/list/Vector, a tuple/Row with one value per model input,
-        or a dict keyed by input name. Predictions are floats for single-unit outputs,
-        numpy arrays otherwise, dicts for multi-output models; ``None`` for invalid rows
-        when ``on_invalid="null"``; ``on_invalid`` and ``max_invalid`` as in
-        :meth:`predict_udf` (the partition is the task).
+        Args:
+            rows: the partition's rows. A row is a feature array/list/Vector, a tuple/Row
+                with one value per model input, or a dict keyed by input name.
+            batch_size: rows per model call.
+            on_invalid: as in :meth:`predict_udf` (the partition is the task).
+            max_invalid: as in :meth:`predict_udf` (the partition is the task).
+
+        Yields:
+            Predictions: floats for single-unit outputs, numpy arrays otherwise, dicts for
+            multi-output models; ``None`` for invalid rows when ``on_invalid="null"``.
+
+        Raises:
+            SparkKerasError: on Spark Connect, which has no RDDs.
         """
         if not self._transport.rdds:
             raise SparkKerasError(
@@ -262,6 +300,9 @@ class BroadcastModel(ModelHandle):
         The handle stays usable: its payload is broadcast afresh under a new
         :attr:`key` (executors fetch it only if it is used again), and a worker that
         uses it again rebuilds the model once, then serves it from its cache.
+
+        Args:
+            blocking: wait until the broadcast blocks are removed.
         """
         self._release_key()
         self._transport.renew(blocking)
@@ -269,7 +310,11 @@ class BroadcastModel(ModelHandle):
         self._key = f"{self._name}.{self._epoch}"
 
     def destroy(self, blocking: bool = False) -> None:
-        """Release the broadcast everywhere; this handle can no longer be used."""
+        """Release the broadcast everywhere; this handle can no longer be used.
+
+        Args:
+            blocking: wait until the broadcast blocks are removed.
+        """
         self._release_key()
         self._released = True
         self._model = None
