@@ -186,6 +186,7 @@ def test_max_invalid_both_ways(spark, handles):
         bm.transform(df, "v", max_invalid=5)
 
 
+@pytest.mark.slow  # a streaming query of four micro-batches
 def test_a_stream_that_meets_bad_rows_keeps_running(spark, handles, tmp_path):
     case = CASES[1]  # the tf assert
     source = tmp_path / "in"

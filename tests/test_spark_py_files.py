@@ -53,6 +53,7 @@ def spark_with_own_module(build_log, tmp_path_factory):
     session.stop()
 
 
+@pytest.mark.slow  # a Spark session of its own
 def test_a_users_module_named_spark_keras_something_beside_the_preloading_daemon(
         spark_with_own_module):
     spark = spark_with_own_module
