@@ -194,11 +194,17 @@ def becomes_the_stock_daemon(tmp_path, preload: str, reason: str, cpus: str = "1
     assert report["refused"] and re.search(reason, report["refused"]), report
 
 
+# the environment as it was when the tests were collected: sessions started by earlier
+# tests leave variables behind that a daemon started here would inherit (in a whole run
+# the 2-CPU daemon's OpenBLAS then started no pool threads, alone it did)
+_COLLECTED_ENV = dict(os.environ)
+
+
 def start_daemon(tmp_path, preload: str, cpus: str) -> tuple[dict, bytes, str]:
     """Start the daemon as Spark does, with ``OMP_NUM_THREADS`` the task's CPUs (as Spark
     sets it), and stop it once it told its port; its report, command line and stderr."""
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, SPARK_KERAS_PRELOAD=preload, OMP_NUM_THREADS=cpus,
-               SPARK_KERAS_DAEMON_REPORT=str(tmp_path))
+    env = dict(_COLLECTED_ENV, PYTHONPATH=REPO_ROOT, SPARK_KERAS_PRELOAD=preload,
+               OMP_NUM_THREADS=cpus, SPARK_KERAS_DAEMON_REPORT=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", DAEMON], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:

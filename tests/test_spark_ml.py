@@ -225,14 +225,14 @@ def test_params_explain_and_validate_like_spark_stages(mlp):
     assert "outputCol: output column name. (default: prediction)" in text
     assert stage.getOutputCol() == "prediction" and stage.getOnInvalid() == "error"
 
-    with pytest.raises(ValueError, match="batchSize must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="batchSize must be a positive integer, not 0"):
         KerasTransformer(model=mlp, inputCol="f", batchSize=0)
     with pytest.raises(TypeError, match='Invalid param value given for param "batchSize"'):
         KerasTransformer(model=mlp, inputCol="f", batchSize="64")
     with pytest.raises(TypeError, match="Could not convert 2.5 to int"):
         stage.setBatchSize(2.5)
     assert stage.setBatchSize(16.0).getBatchSize() == 16  # as Spark's int params
-    with pytest.raises(ValueError, match="onInvalid must be one of 'error', 'null', got 'skip'"):
+    with pytest.raises(ValueError, match="onInvalid must be one of 'error', 'null', not 'skip'"):
         stage.setOnInvalid("skip")
     with pytest.raises(ValueError, match='Invalid param value given for param "batchSize"'):
         stage.set(stage.batchSize, -1)
