@@ -7,9 +7,10 @@ a part that succeeds is kept, a part that fails is split again, down to single r
 which are the failures. :func:`first_failure` does the same to name the first failing
 row when the failure is to be raised.
 
-A part is split into up to :data:`FANOUT` pieces, not two: the rows a failed call
-computed for nothing are then about the batch once more, however deep the search, and a
-clean call is never retried (nothing of this runs unless a call raised).
+A failed part is split in :data:`FANOUT` pieces; when all but the last succeed, the last
+is split without being called (it must hold the failure), so finding one bad row among
+1,024 takes about 11 calls of halving sizes: each call costs a fixed ~1.4 ms here, which
+dominates. A clean call is never retried (nothing of this runs unless a call raised).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
-FANOUT = 8
+FANOUT = 2
 # the longest reason text kept for a row (the exception's first line)
 REASON_CHARS = 200
 
@@ -58,18 +59,26 @@ def isolate(call: Callable[[int, int], T], start: int, stop: int,
 
 
 def _search(call: Callable[[int, int], T], start: int, stop: int,
-            failed: BaseException | None, found: Isolated[T]) -> None:
+            failed: BaseException | None, found: Isolated[T]) -> bool:
+    """Rows ``start`` to ``stop`` into ``found`` (``failed``: what calling them all
+    raised, or None to call them); True when some rows failed. When every piece of a
+    failed range but the last succeeded, the last must hold the failure: it is split
+    without being called (its rows are called in its pieces)."""
     if failed is None:
         try:
             found.parts.append((start, stop, call(start, stop)))
-            return
+            return False
         except Exception as exc:  # any exception a row can cause
             failed = exc
     if stop - start == 1:
         found.failures[start] = failed
-        return
-    for a, b in _pieces(start, stop):
-        _search(call, a, b, None, found)
+        return True
+    pieces = _pieces(start, stop)
+    any_failed = False
+    for i, (a, b) in enumerate(pieces):
+        presumed = i == len(pieces) - 1 and not any_failed and b - a > 1
+        any_failed |= _search(call, a, b, failed if presumed else None, found)
+    return True
 
 
 def first_failure(call: Callable[[int, int], object], start: int, stop: int,
