@@ -264,7 +264,7 @@ def _isolation(results: dict) -> list[str]:
         "on clean input (the path of every clean batch before isolation existed), "
         "`on_invalid=\"null\"` on the same input (isolation armed, never used) and on input "
         "with 1 failing row per 10,000 (each costs a failed call of its batch of 1,024 rows "
-        "and the search for it, up to 8 parts a split). The modes interleaved after a warm-up "
+        "and the search for it, by halves). The modes interleaved after a warm-up "
         "of each, 5 rounds (noop sink); the failing runs' null rows checked. Targets: clean "
         "within 3%, 1 failing row per 10,000 at 0.8x or better.", "",
         table(results["isolation"], floatfmt="{:,.3f}"), "",
