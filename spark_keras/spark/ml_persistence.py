@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
@@ -18,8 +18,9 @@ from .ml_source import PAYLOAD_FILE, ModelSource
 from .paths import stage_file
 from .transport import is_connect
 
-if TYPE_CHECKING:  # the stage's class is handed in (KerasTransformer.read, .write)
-    from ..ml import KerasTransformer
+# spark_keras.ml.KerasTransformer, handed in by its read() and write(): not imported, as
+# spark_keras.ml imports this module
+KerasTransformer = Any
 
 __all__ = ["KerasTransformerWriter", "KerasTransformerReader"]
 
