@@ -41,6 +41,13 @@ Assigned = tuple[TensorSpec, list[Column]]
 Columns = Sequence[Column] | Mapping[str, Sequence[Column]]
 
 
+def flat(columns: Columns) -> list[Column]:
+    """Every column of ``columns``, in order (the groups of a mapping one after another)."""
+    if isinstance(columns, Mapping):
+        return [c for group in columns.values() for c in group]
+    return list(columns) if isinstance(columns, Iterable) else []
+
+
 # --- adapters ------------------------------------------------------------------------
 
 def from_arrow(names: Sequence[str], arrays: Sequence[pa.Array | pa.ChunkedArray]) -> list[Column]:

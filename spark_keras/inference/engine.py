@@ -6,13 +6,13 @@ batches (:mod:`.predictor`), and the outputs with the mask of invalid rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from ..errors import ModelCallError, ModelInputError
 from .column_read import ColumnRead, kind, leaf_kind
-from .columns import Columns, assign
+from .columns import Columns, assign, flat
 from .isolation import RowFailure, columns_text, reason, reason_text
 from .options import check_on_invalid
 from .specs import Signature, TensorSpec, empty_outputs
@@ -181,6 +181,5 @@ def _with_failures(scored: Scored, failed: dict[int, str], n: int, reasons: bool
 
 def _rows_and_names(columns: Columns) -> tuple[int, list[str]]:
     """How many rows ``columns`` have, and their names (for errors)."""
-    flat = [c for group in columns.values() for c in group] if isinstance(columns, Mapping) \
-        else list(columns)
-    return (len(flat[0].array) if flat else 0), [c.name for c in flat]
+    every = flat(columns)
+    return (len(every[0].array) if every else 0), [c.name for c in every]

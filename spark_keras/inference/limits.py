@@ -12,11 +12,14 @@ every task of a query, which Spark Connect cannot give a Python worker.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InvalidRowsError
+
+if TYPE_CHECKING:
+    from .engine import Scored
 
 # how many of the first reasons an InvalidRowsError quotes
 QUOTED_REASONS = 3
@@ -37,20 +40,21 @@ class InvalidBudget:
     def active(self) -> bool:
         return self.limit is not None
 
-    def add(self, rows: int, invalid: np.ndarray | None, reasons: Iterable[Any] | None) -> None:
-        """Count a batch of ``rows`` (``invalid``: its mask, ``reasons``: its texts);
+    def add(self, scored: Scored) -> None:
+        """Count a scored batch (its invalid rows and their reasons, when it has them);
         raise :class:`InvalidRowsError` once a count limit is passed."""
         if self.limit is None:
             return
-        self.rows += rows
+        self.rows += scored.rows
+        invalid = scored.invalid
         if invalid is None:
             return
         bad = int(np.count_nonzero(invalid))
         if not bad:
             return
         self.invalid += bad
-        if len(self.reasons) < QUOTED_REASONS and reasons is not None:
-            found = (r for r, b in zip(reasons, invalid) if b and r is not None)
+        if len(self.reasons) < QUOTED_REASONS and scored.reasons is not None:
+            found = (r for r, b in zip(scored.reasons, invalid) if b and r is not None)
             self.reasons += [r for _, r in zip(range(QUOTED_REASONS - len(self.reasons)), found)]
         if self.limit >= 1 and self.invalid > self.limit:
             raise self._error("so far")

@@ -13,7 +13,7 @@ in the driver's ``__main__`` works in the workers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from ..errors import ArgumentTypeError, PreprocessError
 from .isolation import columns_text, first_failure, isolate, reason_text
@@ -88,11 +88,11 @@ class Preprocess:
     def _made(self, result: Any, n: int, signature: Signature) -> Columns:
         import pandas as pd
 
-        from .columns import from_frame, from_numpy
+        from .columns import flat, from_frame, from_numpy
 
         made = from_frame(result, None, signature) if isinstance(result, pd.DataFrame) \
             else from_numpy(result, signature)
-        for col in _flat(made):
+        for col in flat(made):
             if len(col.array) != n:
                 raise PreprocessError(
                     f"the preprocess function {self.name} returned {len(col.array)} rows for "
@@ -151,9 +151,11 @@ def to_frame(columns: Columns) -> pd.DataFrame:
     """Columns as a pandas DataFrame (binary as bytes, strings as str, lists as arrays)."""
     import pandas as pd
 
-    flat = _flat(columns)
-    return pd.DataFrame({c.name: c.array.to_pandas(types_mapper=None) for c in flat},
-                        index=pd.RangeIndex(len(flat[0].array) if flat else 0))
+    from .columns import flat
+
+    every = flat(columns)
+    return pd.DataFrame({c.name: c.array.to_pandas(types_mapper=None) for c in every},
+                        index=pd.RangeIndex(len(every[0].array) if every else 0))
 
 
 def columns_of_rows(rows: list[Any]) -> list[Column]:
@@ -169,9 +171,3 @@ def columns_of_rows(rows: list[Any]) -> list[Column]:
     else:
         frame = pd.DataFrame({"value": pd.Series(rows, dtype=object)})
     return from_pandas([str(c) for c in frame.columns], [frame[c] for c in frame.columns])
-
-
-def _flat(columns: Columns) -> list[Column]:
-    if isinstance(columns, Mapping):
-        return [c for group in columns.values() for c in group]
-    return list(columns) if isinstance(columns, Iterable) else []

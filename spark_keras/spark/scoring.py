@@ -83,7 +83,7 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any,
         for batch in batches:
             series = list(batch) if isinstance(batch, (tuple, list)) else [batch]
             scored = run(cols.from_pandas(names, series))
-            budget.add(scored.rows, scored.invalid, scored.reasons)
+            budget.add(scored)
             out = to_arrow(scored)
             if isinstance(out, pa.StructArray):
                 yield pa.Table.from_arrays(out.flatten(), names=[f.name for f in out.type]).to_pandas()
@@ -200,7 +200,7 @@ def _scored_columns(handle: ModelHandle, names: list[str],
     for arrays in batches:
         scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
                        on_invalid=on_invalid, reasons=reasons or budget.active)
-        budget.add(scored.rows, scored.invalid, scored.reasons)
+        budget.add(scored)
         out = [to_arrow(scored)]
         if reasons:
             out.append(_reasons(scored))
@@ -361,5 +361,5 @@ def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row:
         else cols.from_rows(rows, signature, first_row)
     scored = score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
                    where="partition", first_row=first_row, reasons=budget.active)
-    budget.add(scored.rows, scored.invalid, scored.reasons)
+    budget.add(scored)
     yield from to_rows(scored)
