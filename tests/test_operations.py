@@ -241,7 +241,11 @@ def test_builds_made_by_a_sorts_sampling_job_are_observed(build_log, spark):
     assert [r.id for r in out] == list(range(30))
     assert sorted(r.id for r in out if r.error is not None) == sorted(BAD)
     figures = observation.get
-    assert figures["rows"] == 30 and figures["invalid_rows"] == 3, figures  # scored once
+    import pyspark
+
+    # Spark 4 drops the sampling job's observation; 3.5 adds it to the observed job's
+    times = 1 if int(pyspark.__version__.split(".")[0]) >= 4 else 2
+    assert figures["rows"] == 30 * times and figures["invalid_rows"] == 3 * times, figures
     builds = sum(builds_by_worker(build_log, fresh.key).values())
     assert figures["model_builds"] == builds >= 1, (figures, builds)
     assert figures["build_seconds"] > 0

@@ -234,8 +234,9 @@ def test_a_file_uri_model_after_unpersist_and_destroy(spark, build_log, tmp_path
     model = models.mlp(4, 8, 2)
     sk.save(model, tmp_path / "m.skp")
     bm = sk.BroadcastModel(spark, f"file://{tmp_path}/m.skp")
-    df = spark.createDataFrame([(i, [float(i)] * 4) for i in range(16)], "id long, f array<float>")
-    want = np.asarray(model(np.array([[float(i)] * 4 for i in range(16)], "float32")))
+    df = spark.createDataFrame([(i, [float(i)] * 4) for i in range(16)],
+                               "id long, f array<float>").coalesce(1)  # one batch, as `want`'s
+    want = predictor_for(model)([np.array([[float(i)] * 4 for i in range(16)], "float32")], 1024)[0]
     first = bm.key
     bm.transform(df, "f").collect()
     bm.unpersist()

@@ -6,6 +6,8 @@ Spark runs the scoring plan in more than one job for some queries: a sort (``ord
 first runs a sampling job over the same plan, whose observation Spark discards, so the
 model is built there and found cached by the observed job. Reporting the query's builds
 to every stage (each stage once) brings the sampling job's builds into the observed one.
+Spark 3.5 keeps the sampling job's observation instead, adding it to the observed job's
+(a sort's ``rows`` count twice there): each query's builds are then reported once.
 """
 
 from __future__ import annotations
@@ -60,15 +62,25 @@ class BuildLedger:
 ledger = BuildLedger()
 
 
+def _jobs_observed_apart() -> bool:
+    """Whether Spark drops the observation of a query's other jobs (a sort's sampling
+    job): PySpark 4 and later; 3.5 adds every job's up."""
+    import pyspark
+
+    return int(pyspark.__version__.split(".")[0]) >= 4
+
+
 def task_ids() -> tuple[Hashable, Hashable]:
     """(query, stage) of the Spark task this process runs: the SQL execution id and the
-    stage id, (None, None) outside a task."""
+    stage id (None where every stage's observation counts, see the module's text),
+    (None, None) outside a task."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     if context is None:
         return None, None
-    return context.getLocalProperty("spark.sql.execution.id"), context.stageId()
+    stage = context.stageId() if _jobs_observed_apart() else None
+    return context.getLocalProperty("spark.sql.execution.id"), stage
 
 
 def builds_of(key: str) -> tuple[int, float]:
