@@ -27,6 +27,7 @@ EXTRAS: dict[str, str] = {
     "dask": "dask",
     "distributed": "dask",
     "keras_hub": "hub",
+    "PIL": "images",
     "keras": "tensorflow",  # in the base install; a broken one is reinstalled with it
 }
 

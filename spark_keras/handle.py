@@ -52,6 +52,9 @@ class ModelHandle:
     _model: Any
     _signature: Signature | None
     _preprocess: Preprocess | None = None
+    # how image columns of another size than the model's input are resized (None: such
+    # rows are invalid); see spark_keras.inference.images
+    resize: str | None = None
 
     def __init__(self, key: str, nbytes: int, *, model: Any = None,
                  signature: Signature | None = None,

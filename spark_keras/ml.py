@@ -73,7 +73,7 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     The model is shipped on the first ``transform`` (a ``BroadcastModel`` created from
     the DataFrame's session) and shared by :meth:`copy`'s copies; a DataFrame of another
     session (a new SparkContext, another Connect session) ships it again. The Params
-    (``inputCol`` to ``maxInvalid``) are saved with the stage; the other arguments are not.
+    (``inputCol`` to ``idCol``) are saved with the stage; the other arguments are not.
 
     Args:
         model: a Keras model, a ``.keras`` file or payload file (a local path or a URI
@@ -92,6 +92,8 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
             each invalid row got a null prediction, see :meth:`BroadcastModel.transform`.
         maxInvalid: with ``onInvalid="null"``, the invalid rows a task may meet before
             it fails, see :meth:`BroadcastModel.predict_udf`.
+        idCol: unset by default; a column naming each row in errors and ``errorCol``
+            reasons (``row id=17``), see :meth:`BroadcastModel.transform`.
         custom_objects: as for ``BroadcastModel``. Not saved: a loaded stage needs its
             custom classes registered where it is loaded.
         safe_mode: as for ``BroadcastModel``. Not saved: a loaded stage rebuilds with
@@ -108,7 +110,7 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
                  inputCols: list[str] | None = None, outputCol: str = "prediction",
                  batchSize: int = DEFAULT_BATCH_SIZE, onInvalid: str = "error",
                  errorCol: str | None = None, maxInvalid: float | None = None,
-                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
+                 idCol: str | None = None, custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True, preprocess: Any = None) -> None:
         super().__init__()
         kwargs = dict(self._input_kwargs)
@@ -123,9 +125,9 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def setParams(self, *, inputCol: str | None = None, inputCols: list[str] | None = None,
                   outputCol: str | None = None, batchSize: int | None = None,
                   onInvalid: str | None = None, errorCol: str | None = None,
-                  maxInvalid: float | None = None) -> "KerasTransformer":
+                  maxInvalid: float | None = None, idCol: str | None = None) -> "KerasTransformer":
         """setParams(self, \\*, inputCol=None, inputCols=None, outputCol=None, batchSize=None,
-        onInvalid=None, errorCol=None, maxInvalid=None): sets the params given (``None``
+        onInvalid=None, errorCol=None, maxInvalid=None, idCol=None): sets the params given (``None``
         leaves a param as it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -156,6 +158,10 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def setMaxInvalid(self, value: float) -> "KerasTransformer":
         """Sets the value of :py:attr:`maxInvalid`."""
         return self._set(maxInvalid=value)
+
+    def setIdCol(self, value: str) -> "KerasTransformer":
+        """Sets the value of :py:attr:`idCol`."""
+        return self._set(idCol=value)
 
     # --- the model ---------------------------------------------------------------------
 
@@ -223,7 +229,7 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
         handle = self._require_source().handle_for(dataset.sparkSession, self.uid)
         return handle.transform(dataset, columns, output, batch_size=batch_size,
                                 on_invalid=on_invalid, error_col=error_col,
-                                max_invalid=max_invalid)
+                                max_invalid=max_invalid, id_col=self.getIdCol())
 
     # --- persistence -----------------------------------------------------------------------
 

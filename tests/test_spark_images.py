@@ -1,6 +1,8 @@
-"""RGBA and grayscale images from Spark's image data source: the pixel values the engine
-gives are the ones ``keras.utils.load_img`` decodes from the same PNG bytes, on the
-driver (the engine on collected rows) and in the workers (a model returning its input)."""
+"""Images from Spark's image data source read as ``keras.utils.load_img`` +
+``img_to_array`` read the same PNG bytes: every channel count converted to the model
+input's (``color_mode``), and with ``resize=`` every size resized to the input's
+(``target_size``, ``interpolation``); on the driver (the engine on collected rows) and in
+the workers (a model returning its input)."""
 
 from __future__ import annotations
 
@@ -18,65 +20,106 @@ from spark_keras.inference.signature import Signature, TensorSpec
 pytestmark = pytest.mark.timeout(600)
 
 SHAPE = (4, 5)  # height, width: not square, so a transposed image cannot pass
-CASES = {"alpha": (4, "rgba"), "gray": (1, "grayscale")}  # file: (channels, keras color mode)
+FILES = {"alpha": 4, "color": 3, "gray": 1}  # file: its channels
+COLOR_MODES = {1: "grayscale", 3: "rgb", 4: "rgba"}  # the model's channels: keras's mode
 IMAGE_ROW = pa.struct([("origin", pa.string()), ("height", pa.int32()), ("width", pa.int32()),
                        ("nChannels", pa.int32()), ("mode", pa.int32()), ("data", pa.binary())])
 
 
 @pytest.fixture(scope="module")
 def pngs(tmp_path_factory):
-    """A folder of one RGBA and one grayscale PNG; the arrays keras decodes from each
-    file's bytes, by file name."""
-    import keras
+    """A folder of one RGBA, one RGB and one grayscale PNG, and each file's bytes."""
     from PIL import Image
 
     folder = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(11)
-    loaded = {}
-    for name, (channels, mode) in CASES.items():
+    data = {}
+    for name, channels in FILES.items():
         shape = (*SHAPE, channels) if channels > 1 else SHAPE
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(buffer, format="PNG")
         (folder / f"{name}.png").write_bytes(buffer.getvalue())
-        image = keras.utils.load_img(io.BytesIO(buffer.getvalue()), color_mode=mode)
-        loaded[f"{name}.png"] = keras.utils.img_to_array(image)
-    return folder, loaded
+        data[f"{name}.png"] = buffer.getvalue()
+    return folder, data
+
+
+def _keras(data: bytes, channels: int, size=None, interpolation="nearest") -> np.ndarray:
+    import keras
+
+    image = keras.utils.load_img(io.BytesIO(data), color_mode=COLOR_MODES[channels],
+                                 target_size=size, interpolation=interpolation)
+    return keras.utils.img_to_array(image)
 
 
 def _name(origin: str) -> str:
     return origin.rsplit("/", 1)[-1]
 
 
-def test_rgba_and_grayscale_image_rows_as_the_engine_reads_them(spark, pngs):
-    folder, loaded = pngs
-    rows = [r.image.asDict() for r in spark.read.format("image").load(str(folder)).collect()]
-    assert sorted((_name(r["origin"]), r["nChannels"], r["mode"]) for r in rows) == \
-        [("alpha.png", 4, 24), ("gray.png", 1, 0)]  # CV_8UC4 (BGRA), CV_8UC1
-    column = pa.array([{**r, "data": bytes(r["data"])} for r in rows], IMAGE_ROW)
-    for channels, _ in CASES.values():
-        sig = Signature((TensorSpec("img", (*SHAPE, channels), "float32"),),
-                        (TensorSpec("prediction", (1,), "float32"),), None, None)
-        (x,), invalid = model_inputs(from_arrow(["image"], [column]), sig, "null")
-        [kept] = [r for r, bad in zip(rows, invalid) if not bad]
-        want = loaded[_name(kept["origin"])]
-        assert want.shape == (*SHAPE, channels) and x.dtype == np.float32
-        np.testing.assert_array_equal(x[0], want)
+def _signature(shape) -> Signature:
+    return Signature((TensorSpec("img", tuple(shape), "float32"),),
+                     (TensorSpec("prediction", (1,), "float32"),), None, None)
 
 
-def test_rgba_and_grayscale_pixels_through_the_workers(spark, pngs):
+@pytest.fixture(scope="module")
+def rows(spark, pngs):
+    folder, _ = pngs
+    found = [r.image.asDict() for r in spark.read.format("image").load(str(folder)).collect()]
+    assert sorted((_name(r["origin"]), r["nChannels"], r["mode"]) for r in found) == \
+        [("alpha.png", 4, 24), ("color.png", 3, 16), ("gray.png", 1, 0)]  # BGRA, BGR, gray
+    return sorted(found, key=lambda r: r["origin"])
+
+
+def _column(rows) -> pa.Array:
+    return pa.array([{**r, "data": bytes(r["data"])} for r in rows], IMAGE_ROW)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_every_channel_count_converted_as_load_img(rows, pngs, channels):
+    _, data = pngs
+    (x,), invalid = model_inputs(from_arrow(["image"], [_column(rows)]),
+                                 _signature((*SHAPE, channels)), "null")
+    assert invalid is None and x.shape == (3, *SHAPE, channels) and x.dtype == np.float32
+    for got, row in zip(x, rows):
+        np.testing.assert_array_equal(got, _keras(data[_name(row["origin"])], channels),
+                                      err_msg=f"{row['origin']} as {channels} channel(s)")
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("size", [(7, 9), (3, 2)])  # up and down
+def test_resize_equals_load_img_target_size(rows, pngs, interpolation, size):
+    _, data = pngs
+    for channels in (1, 3, 4):
+        (x,), invalid = model_inputs(from_arrow(["image"], [_column(rows)]),
+                                     _signature((*size, channels)), "null",
+                                     resize=interpolation)
+        assert invalid is None
+        for got, row in zip(x, rows):
+            want = _keras(data[_name(row["origin"])], channels, size, interpolation)
+            np.testing.assert_array_equal(got, want, err_msg=f"{row['origin']} {channels}")
+
+
+def test_another_size_is_invalid_without_resize(rows):
+    with pytest.raises(sk.ModelInputError, match=r"is 4 x 5 x \d; the model input takes 8 x 8 "
+                                                 r"x 3 \(resize='bilinear' resizes"):
+        model_inputs(from_arrow(["image"], [_column(rows)]), _signature((8, 8, 3)))
+    with pytest.raises(sk.ArgumentError, match="resize must be None or one of"):
+        sk.BroadcastModel.__init__(object.__new__(sk.BroadcastModel), None, None, resize="smooth")
+
+
+def test_converted_and_resized_pixels_through_the_workers(spark, pngs):
     import keras
 
-    folder, loaded = pngs
+    folder, data = pngs
     df = spark.read.format("image").load(str(folder))
-    for channels, _ in CASES.values():
-        echo = keras.Sequential([keras.Input((*SHAPE, channels)), keras.layers.Flatten()])
-        bm = sk.BroadcastModel(spark, echo)
+    for shape, resize in (((*SHAPE, 3), None), ((6, 3, 1), "bilinear")):
+        echo = keras.Sequential([keras.Input(shape), keras.layers.Flatten()])
+        bm = sk.BroadcastModel(spark, echo, resize=resize)
         try:
-            out = bm.transform(df, "image", on_invalid="null").select("image.origin",
-                                                                       "prediction").collect()
+            out = bm.transform(df, "image").select("image.origin", "prediction").collect()
         finally:
             bm.destroy()
-        got = {_name(r.origin): r.prediction for r in out}
-        [(name, pixels)] = [(n, p) for n, p in got.items() if p is not None]
-        assert loaded[name].shape[-1] == channels, name
-        np.testing.assert_array_equal(np.array(pixels, np.float32), loaded[name].reshape(-1))
+        assert len(out) == 3
+        for r in out:  # every file, whatever its channels
+            want = _keras(data[_name(r.origin)], shape[-1], shape[:2] if resize else None,
+                          resize or "nearest")
+            np.testing.assert_array_equal(np.array(r.prediction, np.float32), want.reshape(-1))

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ModelInputError
+from .rows import RowNames
 from .specs import TensorSpec
 
 VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
@@ -114,31 +115,30 @@ class ColumnRead:
     def _culprit(self, row: int) -> str:
         return _culprit_in(self, row) if self.parts else self.name
 
-    def _what(self, row: int, where: str, first_row: int) -> str:
+    def _what(self, row: int, names: RowNames) -> str:
         """What is wrong with the invalid ``row``: its column and the first problem."""
         problem = next(p for p in self.problems if p.rows[row])
-        at = f"row {first_row + row} of this {where}"
-        return f"column {self._culprit(row)!r}: {problem.describe(row, at)}"
+        return f"column {self._culprit(row)!r}: {problem.describe(row, names.at(row))}"
 
     def _expected(self) -> str:
         return (f"the model input {self.spec.name!r} expects {self.spec.describe()} "
                 f"per row{self.column_note}")
 
-    def error(self, where: str, first_row: int = 0) -> ModelInputError:
-        """The error for this column's first invalid row (call when :attr:`invalid`);
-        rows are numbered from ``first_row`` within ``where`` ("batch", "partition")."""
+    def error(self, names: RowNames) -> ModelInputError:
+        """The error for this column's first invalid row (call when :attr:`invalid`),
+        named as ``names`` name it."""
         mask = self.invalid
         assert mask is not None
         row = int(np.argmax(mask))
         count = int(mask.sum())
         return ModelInputError(
-            f"{self._what(row, where, first_row)} ({count} invalid row(s) in this {where}); "
+            f"{self._what(row, names)} ({count} invalid row(s) in this {names.where}); "
             f"{self._expected()} ({NULL_POLICY_HINT})")
 
-    def reason(self, row: int, where: str = "batch", first_row: int = 0) -> str:
+    def reason(self, row: int, names: RowNames) -> str:
         """Why the invalid ``row`` cannot be scored, in the words of :meth:`error` (the
         column, what is wrong, what the input expects), for ``on_invalid="null"``."""
-        return f"{self._what(row, where, first_row)}; {self._expected()}"
+        return f"{self._what(row, names)}; {self._expected()}"
 
 
 def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:

@@ -15,6 +15,7 @@ from .column_read import ColumnRead, kind, leaf_kind
 from .columns import Columns, assign, flat
 from .isolation import RowFailure, columns_text, reason, reason_text
 from .options import check_on_invalid
+from .rows import RowNames
 from .specs import Signature, TensorSpec, empty_outputs
 from .walk import read_column
 
@@ -38,25 +39,36 @@ class Scored:
 
 
 def model_inputs(columns: Columns, signature: Signature, on_invalid: str = "error", *,
-                 where: str = "batch", first_row: int = 0
+                 where: str = "batch", first_row: int = 0, resize: str | None = None
                  ) -> tuple[list[np.ndarray], np.ndarray | None]:
     """The model's inputs from ``columns``, and the mask of invalid rows.
 
     With ``on_invalid="error"`` an invalid row raises :class:`ModelInputError` naming the
     column, the row (numbered from ``first_row`` within ``where``) and what is wrong; with
-    ``"null"`` invalid rows are left out of the inputs and marked in the mask.
+    ``"null"`` invalid rows are left out of the inputs and marked in the mask. ``resize``:
+    how images of another size than an input's are resized (:mod:`.images`).
     """
-    inputs, invalid, _ = _model_inputs(columns, signature, on_invalid, where, first_row, False)
+    inputs, invalid, _ = _model_inputs(columns, signature, on_invalid,
+                                       RowNames.of(where, first_row), False, resize)
     return inputs, invalid
 
 
-def _model_inputs(columns: Columns, signature: Signature, on_invalid: str, where: str,
-                  first_row: int, reasons: bool
+def check_inputs(columns: Columns, signature: Signature, resize: str | None = None) -> None:
+    """Refuse, with the :class:`ModelInputError` a batch would raise, columns the model
+    cannot take whatever their rows hold: a count of columns its inputs cannot take, a
+    kind of value (string, number, image, vector) its input dtypes cannot, a width the
+    types fix. ``columns`` are empty arrays of the columns' types (a DataFrame's schema
+    seen on the driver): the very checks each batch makes, on no rows."""
+    _model_inputs(columns, signature, "error", RowNames(), False, resize)
+
+
+def _model_inputs(columns: Columns, signature: Signature, on_invalid: str, names: RowNames,
+                  reasons: bool, resize: str | None = None
                   ) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
     """:func:`model_inputs`, and with ``reasons`` why each invalid row is (see
     :func:`invalid_reasons`)."""
     check_on_invalid(on_invalid)
-    reads = [_read(spec, cols) for spec, cols in assign(columns, signature)]
+    reads = [_read(spec, cols, resize) for spec, cols in assign(columns, signature)]
     invalid = None
     for group in reads:
         for r in group:
@@ -64,22 +76,23 @@ def _model_inputs(columns: Columns, signature: Signature, on_invalid: str, where
             if bad is None:
                 continue
             if on_invalid == "error":
-                raise r.error(where, first_row)
+                raise r.error(names)
             invalid = bad if invalid is None else invalid | bad
     keep = None if invalid is None else ~invalid
     inputs = [_values(group, spec, keep) for group, spec in zip(reads, signature.inputs)]
-    why = invalid_reasons(reads, invalid, where, first_row) if reasons else None
+    why = invalid_reasons(reads, invalid, names) if reasons else None
     return inputs, invalid, why
 
 
 def invalid_reasons(reads: list[list[ColumnRead]], invalid: np.ndarray | None,
-                    where: str = "batch", first_row: int = 0) -> np.ndarray | None:
+                    names: RowNames | None = None) -> np.ndarray | None:
     """Per row, why it is invalid: the error ``on_invalid="error"`` would raise for it
     (its first column at fault, in input order, and that column's first problem with
     it), without the count and the hint; None for valid rows. Texts are made for the
     invalid rows only; None when there are none."""
     if invalid is None:
         return None
+    names = names or RowNames()
     out = np.full(len(invalid), None, dtype=object)
     todo = invalid.copy()
     for group in reads:
@@ -88,14 +101,14 @@ def invalid_reasons(reads: list[list[ColumnRead]], invalid: np.ndarray | None,
             if bad is None:
                 continue
             for row in np.flatnonzero(bad & todo):
-                out[row] = r.reason(int(row), where, first_row)
+                out[row] = r.reason(int(row), names)
             todo &= ~bad
     return out
 
 
-def _read(spec: TensorSpec, cols: list) -> list[ColumnRead]:
+def _read(spec: TensorSpec, cols: list, resize: str | None = None) -> list[ColumnRead]:
     if len(cols) == 1:
-        return [read_column(cols[0].name, cols[0].array, spec, cols[0].parts)]
+        return [read_column(cols[0].name, cols[0].array, spec, cols[0].parts, resize)]
     if len(cols) != spec.size:
         raise ModelInputError(
             f"{len(cols)} columns {[c.name for c in cols]} given for the model input "
@@ -121,12 +134,15 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
 
 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
-          where: str = "batch", first_row: int = 0, reasons: bool = False) -> Scored:
+          where: str = "batch", first_row: int = 0, reasons: bool = False,
+          ids: tuple[str, Any] | None = None) -> Scored:
     """Predictions of ``handle``'s model (a :class:`~spark_keras.handle.ModelHandle`, or
     anything with ``predictor`` and ``signature``) for ``columns``, made into the model's
     inputs by the handle's ``preprocess`` function first if it has one. An empty batch, or
     one where every row is invalid, gives empty outputs of the output specs' dtypes.
-    ``reasons``: also say why each invalid row is (``Scored.reasons``).
+    ``reasons``: also say why each invalid row is (``Scored.reasons``). Errors and reasons
+    name a row by ``ids`` (``(id column name, one value per row)``) if given, else by its
+    number from ``first_row`` within ``where``.
 
     A model or preprocess call that raises is retried in parts to find the rows it raises
     on alone (:mod:`.isolation`; clean batches are never retried): under ``"null"`` those
@@ -134,19 +150,19 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
     first of them raises :class:`ModelCallError` (or :class:`PreprocessError`) naming it."""
     predictor = handle.predictor
     signature = predictor.signature
+    names_of = RowNames.of(where, first_row, ids)
     preprocess = getattr(handle, "preprocess", None)
     n, names = _rows_and_names(columns)
     failed: dict[int, str] = {}  # batch row -> why a call raised on it
     if preprocess is not None:
         found: dict[int, BaseException] | None = {} if on_invalid == "null" else None
-        columns = preprocess.apply(columns, signature, where=where, first_row=first_row,
-                                   failures=found)
+        columns = preprocess.apply(columns, signature, names_of, failures=found)
         failed.update({row: reason("preprocess", exc) for row, exc in (found or {}).items()})
         if n and len(failed) == n:  # nothing left to read
             return _with_failures(Scored(signature, empty_outputs(signature), None), failed,
                                   n, reasons)
-    inputs, invalid, why = _model_inputs(columns, signature, on_invalid, where, first_row,
-                                         reasons)
+    inputs, invalid, why = _model_inputs(columns, signature, on_invalid, names_of, reasons,
+                                         getattr(handle, "resize", None))
     outputs = empty_outputs(signature)
     if len(inputs[0]):
         rows = np.arange(n) if invalid is None else np.flatnonzero(~invalid)  # of the inputs
@@ -155,7 +171,7 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
             outputs = predictor(inputs, batch_size, found)
         except RowFailure as failure:
             raise ModelCallError(
-                f"the model raised on row {first_row + int(rows[failure.row])} of this {where} "
+                f"the model raised on {names_of.at(int(rows[failure.row]))} "
                 f"({columns_text(names)}): {reason_text(failure.cause)}"
             ) from failure.cause
         if found:

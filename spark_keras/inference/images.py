@@ -3,11 +3,21 @@
 Each row is a struct ``(origin, height, width, nChannels, mode, data)`` whose ``data``
 holds ``height x width x nChannels`` bytes in OpenCV order (BGR, BGRA). A row becomes
 an ``H x W x C`` array in RGB (RGBA) order, cast to the input's dtype: what
-``keras.utils.load_img`` (``color_mode`` "grayscale", "rgb" or "rgba" by ``nChannels``)
-and ``keras.utils.img_to_array`` give for the same file.
+``keras.utils.load_img`` and ``keras.utils.img_to_array`` give for the same PNG file.
+
+* Channels: an image of another channel count than the input's ``C`` (1, 3 or 4) is
+  converted as ``load_img(color_mode="grayscale" | "rgb" | "rgba")`` converts it (PIL's
+  rules, done in numpy: gray repeated, alpha dropped or set to 255, luma
+  ``(19595 R + 38470 G + 7471 B + 2**15) >> 16``).
+* Size: with ``resize`` (an interpolation name of ``load_img``: "bilinear", "nearest"...)
+  an image of another height and width is resized to the input's as
+  ``load_img(target_size=..., interpolation=...)`` resizes it (with PIL, after the channel
+  conversion); without it such a row is invalid.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,17 +30,24 @@ from .specs import TensorSpec
 _EIGHT_BIT_MODES = {0: 1, 16: 3, 24: 4}
 # BGR(A) -> RGB(A), by channel count
 _TO_RGB = {1: [0], 3: [2, 1, 0], 4: [2, 1, 0, 3]}
+_PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
-def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
-    """The images as rows of ``spec``: their bytes in RGB order (cast to the input's
-    dtype when the model is called), each row's ``(H, W, C)``, and the rows that cannot
+def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
+                resize: str | None = None) -> ColumnRead:
+    """The images as rows of ``spec``: their bytes in RGB order, converted to the input's
+    channels and (with ``resize``) size, each row's ``(H, W, C)``, and the rows that cannot
     be scored (null, not 8-bit, damaged, or of a size the input does not take)."""
     if len(spec.shape) != 3 or spec.dtype == "string":
         raise ModelInputError(
             f"column {name!r} holds images (Spark's image data source); the model input "
             f"{spec.name!r} expects {spec.describe()} per row, not an image of shape "
             f"(height, width, channels)")
+    want_h, want_w, want_c = spec.shape
+    if resize is not None and (want_h is None or want_w is None):
+        raise ModelInputError(
+            f"column {name!r}: resize={resize!r} resizes images to the model input's height "
+            f"and width, and {spec.name!r} takes any ({spec.describe()})")
     n = len(arr)
     fields = dict(zip((f.name for f in arr.type), arr.flatten()))
     missing = nulls(arr) | nulls(fields["data"])
@@ -55,7 +72,11 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
         problems.append(Problem(damaged, lambda r, at: (
             f"the image at {at} has {int(lengths[r])} data bytes for {int(height[r])} x "
             f"{int(width[r])} x {int(channels[r])}")))
-    shapes = np.stack([height, width, channels], axis=1)
+    # what each row becomes: the input's channels, and its size if resized
+    out_c = channels if want_c is None or want_c not in _PIL_MODES else np.full(n, want_c)
+    out_h = height if resize is None or want_h is None else np.full(n, want_h)
+    out_w = width if resize is None or want_w is None else np.full(n, want_w)
+    shapes = np.stack([out_h, out_w, out_c], axis=1)
     expected = np.array([-1 if d is None else d for d in spec.shape])
     misfit = ~missing & ((shapes != expected) & (expected >= 0)).any(axis=1)
     if misfit.any():
@@ -63,16 +84,70 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
         problems.append(Problem(misfit, lambda r, at: (
             f"the image at {at}{_origin(origin, r)} is {int(height[r])} x {int(width[r])} x "
             f"{int(channels[r])}; the model input takes "
-            f"{' x '.join('any' if d is None else str(d) for d in spec.shape)}")))
+            f"{' x '.join('any' if d is None else str(d) for d in spec.shape)}"
+            + ("" if resize is not None else " (resize='bilinear' resizes images to it)"))))
     bad = missing | unsupported | damaged | misfit
-    leaf = np.empty_like(raw)
     starts = offsets[:-1] - offsets[0]
-    for r in np.flatnonzero(~bad):  # images are large: one slice each
-        c = int(channels[r])
-        s, e = int(starts[r]), int(starts[r] + lengths[r])
-        leaf[s:e] = raw[s:e].reshape(-1, c)[:, _TO_RGB[c]].reshape(-1)
+    out_sizes = np.where(bad, 0, out_h * out_w * out_c)
+    same = bool((out_sizes == np.where(bad, 0, lengths)).all()) and not (
+        ~bad & ((out_c != channels) | (out_h != height) | (out_w != width))).any()
+    if same:  # the common case: the bytes in place, channels reordered
+        leaf = np.empty_like(raw)
+        for r in np.flatnonzero(~bad):  # images are large: one slice each
+            c = int(channels[r])
+            s, e = int(starts[r]), int(starts[r] + lengths[r])
+            leaf[s:e] = raw[s:e].reshape(-1, c)[:, _TO_RGB[c]].reshape(-1)
+    else:
+        starts = np.concatenate([[0], np.cumsum(out_sizes)[:-1]]).astype(np.int64)
+        leaf = np.zeros(int(out_sizes.sum()), np.uint8)
+        for r in np.flatnonzero(~bad):
+            h, w, c = int(height[r]), int(width[r]), int(channels[r])
+            s = int(offsets[r] - offsets[0])
+            pixels = raw[s:s + h * w * c].reshape(h, w, c)[:, :, _TO_RGB[c]]
+            pixels = convert_channels(pixels, int(out_c[r]))
+            if (int(out_h[r]), int(out_w[r])) != (h, w):
+                assert resize is not None
+                pixels = resized(pixels, int(out_h[r]), int(out_w[r]), resize)
+            leaf[int(starts[r]):int(starts[r]) + pixels.size] = pixels.reshape(-1)
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()],
                       shapes=shapes if spec.variable else None)
+
+
+def convert_channels(pixels: np.ndarray, channels: int) -> np.ndarray:
+    """``(H, W, C)`` uint8 gray, RGB or RGBA as ``channels`` (1, 3, 4) the way PIL's
+    ``Image.convert`` (and so ``keras.utils.load_img(color_mode=...)``) converts it."""
+    have = pixels.shape[-1]
+    if have == channels:
+        return pixels
+    if channels == 1:  # PIL's L: ITU-R 601-2 luma, in 16.16 fixed point, alpha ignored
+        rgb = pixels[..., :3].astype(np.uint32)
+        luma = (rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + 0x8000) >> 16
+        return luma.astype(np.uint8)[..., None]
+    rgb = np.repeat(pixels, 3, axis=-1) if have == 1 else pixels[..., :3]
+    if channels == 3:
+        return np.ascontiguousarray(rgb)
+    alpha = np.full((*rgb.shape[:2], 1), 255, np.uint8)
+    return np.concatenate([rgb, alpha], axis=-1)
+
+
+def resized(pixels: np.ndarray, height: int, width: int, interpolation: str) -> np.ndarray:
+    """``(H, W, C)`` uint8 pixels resized by PIL as ``load_img(target_size=(height,
+    width), interpolation=...)`` resizes them."""
+    from .._deps import require
+
+    require("PIL", "resize= on image columns", "images")
+    from PIL import Image
+
+    c = pixels.shape[-1]
+    image = Image.fromarray(pixels[..., 0] if c == 1 else pixels, _PIL_MODES[c])
+    filters: dict[str, Any] = {"nearest": Image.Resampling.NEAREST,
+                               "bilinear": Image.Resampling.BILINEAR,
+                               "bicubic": Image.Resampling.BICUBIC,
+                               "hamming": Image.Resampling.HAMMING,
+                               "box": Image.Resampling.BOX,
+                               "lanczos": Image.Resampling.LANCZOS}
+    out = np.asarray(image.resize((width, height), filters[interpolation]))
+    return out.reshape(height, width, c)
 
 
 def _binary_buffers(data: pa.Array) -> tuple[np.ndarray, np.ndarray]:

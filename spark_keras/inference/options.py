@@ -13,6 +13,9 @@ from ..errors import ArgumentError
 
 DEFAULT_BATCH_SIZE = 1024
 ON_INVALID = ("error", "null")
+# how images of another size than the model's input are resized: keras.utils.load_img's
+# interpolation names (PIL's resampling filters)
+RESIZE = ("nearest", "bilinear", "bicubic", "hamming", "box", "lanczos")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,14 @@ def check_on_invalid(on_invalid: Any, spelling: Spelling = PYTHON) -> str:
         raise ArgumentError(f"{spelling.on_invalid} must be one of "
                             f"{', '.join(map(repr, ON_INVALID))}, not {on_invalid!r}")
     return on_invalid
+
+
+def check_resize(resize: Any, spelling: str = "resize") -> str | None:
+    """``resize``: None (images of another size are invalid rows) or one of :data:`RESIZE`."""
+    if resize is not None and resize not in RESIZE:
+        raise ArgumentError(f"{spelling} must be None or one of {', '.join(map(repr, RESIZE))}, "
+                            f"not {resize!r}")
+    return resize
 
 
 def check_batch_size(batch_size: Any, spelling: Spelling = PYTHON) -> int:

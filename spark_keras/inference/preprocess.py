@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from ..errors import ArgumentTypeError, PreprocessError
 from .isolation import columns_text, first_failure, isolate, reason_text
+from .rows import RowNames
 
 if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with every handle
     import pandas as pd  # (the preloading daemon imports handles before Arrow may load)
@@ -59,8 +60,8 @@ class Preprocess:
                                       f"unpickled here: {type(exc).__name__}: {exc}") from exc
         return self._fn
 
-    def apply(self, columns: Columns, signature: Signature, *, where: str = "batch",
-              first_row: int = 0, failures: dict[int, BaseException] | None = None) -> Columns:
+    def apply(self, columns: Columns, signature: Signature, names: RowNames | None = None, *,
+              failures: dict[int, BaseException] | None = None) -> Columns:
         """The model's input columns made by ``fn`` from ``columns`` (one batch).
 
         If ``fn`` raises, the batch is retried in parts (:mod:`.isolation`): with
@@ -77,7 +78,8 @@ class Preprocess:
             result = call(0, n)
         except Exception as exc:  # a row fn cannot take, perhaps: find it
             if failures is None:
-                raise self._raised(call, n, exc, list(frame.columns), where, first_row) from None
+                raise self._raised(call, n, exc, list(frame.columns),
+                                   names or RowNames()) from None
             found = isolate(call, 0, n, exc)
         else:
             return self._made(result, n, signature)
@@ -100,16 +102,15 @@ class Preprocess:
         return made
 
     def _raised(self, call: Callable[[int, int], Any], n: int, exc: Exception,
-                names: list[Any], where: str, first_row: int) -> PreprocessError:
+                columns: list[Any], names: RowNames) -> PreprocessError:
         """The error naming the first row ``fn`` raises on alone (the batch's rows when
         no single row fails)."""
         first = first_failure(call, 0, n, exc)
         row, cause = first if first is not None else (None, exc)
-        rows = f"row {first_row + row}" if row is not None \
-            else f"rows {first_row}-{first_row + n - 1}"
+        rows = names.at(row) if row is not None else names.span(n)
         error = PreprocessError(
-            f"the preprocess function {self.name} raised on {rows} of this {where} "
-            f"({columns_text(names)}): {reason_text(cause)}")
+            f"the preprocess function {self.name} raised on {rows} "
+            f"({columns_text(columns)}): {reason_text(cause)}")
         error.__cause__ = cause
         return error
 

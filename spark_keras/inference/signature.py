@@ -43,7 +43,7 @@ def _graph_signature(model: Any) -> Signature:
             input_structure: Any = tuple(names)
         else:
             tensors = rt.flatten(inputs_struct)
-            names = [t.name for t in tensors]
+            names = [_input_name(t) for t in tensors]
             single = len(tensors) == 1 and not isinstance(inputs_struct, (list, tuple))
             input_structure = None if single else "list"
         inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), rt.dtype_name(t.dtype))
@@ -75,6 +75,15 @@ def _graph_signature(model: Any) -> Signature:
                    _known(t.shape, "output"), _output_dtype(t, rt))
         for i, t in enumerate(out_tensors))
     return Signature(inputs, outputs, input_structure, out_names)
+
+
+def _input_name(tensor: Any) -> str:
+    """An input's name: its ``InputLayer``'s, which the model's config keeps (an unnamed
+    ``keras.Input`` is tensor ``keras_tensor_3`` of layer ``input_layer_1``, and only the
+    layer's name survives a round trip), else the tensor's own."""
+    history = getattr(tensor, "_keras_history", None)
+    layer = getattr(history, "operation", None) or (history[0] if history else None)
+    return getattr(layer, "name", None) or tensor.name
 
 
 def _output_dtype(tensor: Any, rt: Any) -> str:

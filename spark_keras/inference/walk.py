@@ -67,20 +67,22 @@ def not_numbers(name: str, t: pa.DataType, spec: TensorSpec) -> ModelInputError:
 
 
 def read_column(name: str, arr: pa.Array, spec: TensorSpec,
-                parts: tuple[str, ...] = ()) -> ColumnRead:
+                parts: tuple[str, ...] = (), resize: str | None = None) -> ColumnRead:
     """Read ``arr`` (any accepted kind) as rows of the model input ``spec``; ``parts``:
-    the scalar columns ``arr`` stands for, if it is a block of them."""
-    read = _read_column(name, arr, spec)
+    the scalar columns ``arr`` stands for, if it is a block of them; ``resize``: how
+    images of another size are resized (:mod:`.images`)."""
+    read = _read_column(name, arr, spec, resize)
     read.parts = parts
     return read
 
 
-def _read_column(name: str, arr: pa.Array, spec: TensorSpec) -> ColumnRead:
+def _read_column(name: str, arr: pa.Array, spec: TensorSpec,
+                 resize: str | None = None) -> ColumnRead:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     k = kind(arr.type)
     if k == "image":
-        return read_images(name, arr, spec)
+        return read_images(name, arr, spec, resize)
     if k == "vector":
         if leaf_kind(spec) != "number":
             raise not_numbers(name, arr.type.field("values").type, spec)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ..cache import model_cache
 from ..errors import SparkKerasError
 from ..handle import ModelHandle
-from ..inference.options import DEFAULT_BATCH_SIZE
+from ..inference.options import DEFAULT_BATCH_SIZE, check_resize
 from ..inference.predictor import predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature
@@ -71,6 +71,13 @@ class BroadcastModel(ModelHandle):
             returns the model's inputs (an array, a list in input order, a dict keyed
             by input name, or a DataFrame), one row per row; the usual input checks and
             ``on_invalid`` apply to what it returns. Shipped by value with the handle.
+        resize: for image columns (Spark's image data source) of another height and width
+            than the model's input: an interpolation of ``keras.utils.load_img``
+            (``"bilinear"``, ``"nearest"``, ``"bicubic"``, ``"hamming"``, ``"box"``,
+            ``"lanczos"``) resizing each image as ``load_img(target_size=...,
+            interpolation=...)`` does (PIL, the ``images`` extra); None (default): such
+            rows are invalid. Channels are always converted to the input's (gray, RGB,
+            RGBA) as ``load_img(color_mode=...)`` converts them.
 
     Example::
 
@@ -83,7 +90,9 @@ class BroadcastModel(ModelHandle):
     def __init__(self, spark: Any, model_or_path: Any, *,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True,
-                 preprocess: Callable[[Any], Any] | None = None) -> None:
+                 preprocess: Callable[[Any], Any] | None = None,
+                 resize: str | None = None) -> None:
+        self.resize = check_resize(resize)
         if not is_connect(spark):
             check_daemon(getattr(spark, "sparkContext", spark))
         model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
@@ -220,7 +229,8 @@ class BroadcastModel(ModelHandle):
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
                   profile: Any = None, error_col: str | None = None,
-                  observe: Any = None, max_invalid: float | None = None) -> Any:
+                  observe: Any = None, max_invalid: float | None = None,
+                  id_col: str | None = None) -> Any:
         """Score ``df``, with zero-copy Arrow-to-numpy conversion.
 
         On PySpark >= 4.1 only the input columns travel to Python and only the new
@@ -251,20 +261,27 @@ class BroadcastModel(ModelHandle):
                 of this model in the Python workers while the query's tasks ran: 0 where a
                 worker had it cached) and ``build_seconds``.
             max_invalid: as in :meth:`predict_udf`.
+            id_col: a column naming each row (a record id): errors and ``error_col``
+                reasons say ``row id=17`` instead of ``row 10 of this batch``.
 
         Returns:
             ``df`` with every column kept plus ``output_col`` (and ``error_col``).
+
+        Raises:
+            ModelInputError: on the driver, for input columns the schema already shows
+                the model cannot take (a count of columns its input cannot take, a
+                string column for a numeric input...); rows are checked in the workers.
         """
         from . import scoring
 
         self.check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                                  on_invalid=on_invalid, profile=profile, error_col=error_col,
-                                 observe=observe, max_invalid=max_invalid)
+                                 observe=observe, max_invalid=max_invalid, id_col=id_col)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
-                          on_invalid: str = "error",
-                          max_invalid: float | None = None) -> Iterator[Any]:
+                          on_invalid: str = "error", max_invalid: float | None = None,
+                          id_col: str | None = None) -> Iterator[Any]:
         """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
 
         Args:
@@ -273,6 +290,8 @@ class BroadcastModel(ModelHandle):
             batch_size: rows per model call.
             on_invalid: as in :meth:`predict_udf` (the partition is the task).
             max_invalid: as in :meth:`predict_udf` (the partition is the task).
+            id_col: a field of each row (a ``Row`` or a dict) naming it in errors (``row
+                id=17``); the row's other fields are the model's inputs.
 
         Yields:
             Predictions: floats for single-unit outputs, numpy arrays otherwise, dicts for
@@ -289,7 +308,7 @@ class BroadcastModel(ModelHandle):
         from . import scoring
 
         return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
-                                    max_invalid=max_invalid)
+                                    max_invalid=max_invalid, id_col=id_col)
 
     # --- lifecycle -----------------------------------------------------------------------
 

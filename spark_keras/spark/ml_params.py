@@ -74,6 +74,11 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
         "preprocess function raised on): a count (>= 1) or a fraction (< 1) of the task's "
         "rows; beyond it the task fails. Needs onInvalid='null'",
         typeConverter=to_max_invalid)
+    idCol: "Param[str]" = Param(
+        Params._dummy(), "idCol",
+        "a column naming each row (a record id): errors and errorCol reasons name a row "
+        "by its value (row id=17) instead of its place in a batch",
+        typeConverter=TypeConverters.toString)
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,6 +95,10 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
     def getErrorCol(self) -> str | None:
         """Gets the value of errorCol (None: not set, no error column)."""
         return self.getOrDefault(self.errorCol) if self.isDefined(self.errorCol) else None
+
+    def getIdCol(self) -> str | None:
+        """Gets the value of idCol (None: not set, rows named by their place)."""
+        return self.getOrDefault(self.idCol) if self.isDefined(self.idCol) else None
 
     def getMaxInvalid(self) -> float | int | None:
         """Gets the value of maxInvalid (None: not set, no limit); a count as an int."""

@@ -21,6 +21,7 @@ from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
 from . import figures as build_figures
 from .resources import check_profile
+from .schema_check import check_schema
 from .types import prediction_type, spark_type
 
 
@@ -123,11 +124,12 @@ _HIDDEN = (_BUILDS, _BUILD_SECONDS)
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               output_col: str, *, batch_size: int, on_invalid: str = "error",
               profile: Any = None, error_col: str | None = None, observe: Any = None,
-              max_invalid: float | None = None) -> Any:
+              max_invalid: float | None = None, id_col: str | None = None) -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
     scored rows; it needs ``on_invalid="null"``), observed as ``observe`` (an
     ``Observation`` or a name) with :data:`METRICS` if given; each task fails once its
-    invalid rows pass ``max_invalid`` (:mod:`spark_keras.inference.limits`).
+    invalid rows pass ``max_invalid`` (:mod:`spark_keras.inference.limits`). Errors and
+    reasons name a row by its ``id_col`` value if given.
 
     On PySpark >= 4.1 only the input columns go to Python and only the new columns come
     back (an ``arrow_udf``); with a ``profile`` (a ``ResourceProfile``, PySpark >= 4.0),
@@ -141,16 +143,18 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     columns = df.columns
-    missing = [c for c in names if c not in columns]
+    sent = names if id_col is None else [*names, id_col]  # the columns the workers get
+    missing = [c for c in sent if c not in columns]
     if missing:
         raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {columns}")
-    for c in names:
+    for c in sent:
         if columns.count(c) > 1:
             raise ModelInputError(f"input column {c!r} is ambiguous: the DataFrame has "
                                   f"{columns.count(c)} columns of that name ({columns}); "
                                   f"rename or drop one first")
     if output_col in df.columns:
         raise ModelInputError(f"output column {output_col!r} already exists in the DataFrame")
+    check_schema(handle, df.schema, names)  # what every batch would refuse, refused now
     fields = [StructField(output_col, prediction_type(handle.signature))]
     if error_col is not None:
         _check_error_col(error_col, on_invalid, output_col, df.columns)
@@ -164,11 +168,12 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
     score_batches = functools.partial(_scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
-                                      figures=observe is not None, max_invalid=max_invalid)
-    udf = None if profile is not None else _arrow_udf_of(score_batches, len(names), fields)
+                                      figures=observe is not None, max_invalid=max_invalid,
+                                      id_col=id_col)
+    udf = None if profile is not None else _arrow_udf_of(score_batches, len(sent), fields)
     if udf is not None:
-        return _with_udf_columns(df, udf, names, fields, observe)
-    scored = _with_mapinarrow_columns(df, score_batches, names, fields, profile)
+        return _with_udf_columns(df, udf, sent, fields, observe)
+    scored = _with_mapinarrow_columns(df, score_batches, sent, fields, profile)
     if observe is None:
         return scored
     return scored.observe(observe, *_metrics(_column, output_col)).drop(*_HIDDEN)
@@ -188,8 +193,10 @@ def _metrics(column: Any, output_col: str) -> list:
 def _scored_columns(handle: ModelHandle, names: list[str],
                     batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
                     on_invalid: str, reasons: bool, figures: bool,
-                    max_invalid: float | None = None) -> Iterator[list[pa.Array]]:
-    """Per batch of input columns (in ``names`` order): the prediction, the reasons
+                    max_invalid: float | None = None,
+                    id_col: str | None = None) -> Iterator[list[pa.Array]]:
+    """Per batch of input columns (in ``names`` order, then ``id_col``'s values, which
+    name the rows in errors and reasons): the prediction, the reasons
     (``reasons``) and the hidden figures columns (``figures``: the builds this process
     made for this query that this stage has not reported, see :mod:`.figures`). The
     batches are one task's: its invalid rows are held against ``max_invalid``."""
@@ -198,8 +205,10 @@ def _scored_columns(handle: ModelHandle, names: list[str],
         query, stage = build_figures.task_ids()
         seen = build_figures.builds_of(handle.key)
     for arrays in batches:
-        scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
-                       on_invalid=on_invalid, reasons=reasons or budget.active)
+        arrays = list(arrays)
+        ids = None if id_col is None else (id_col, arrays.pop())
+        scored = score(handle, cols.from_arrow(names, arrays), batch_size=batch_size,
+                       on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids)
         budget.add(scored)
         out = [to_arrow(scored)]
         if reasons:
@@ -333,9 +342,11 @@ def _reasons(scored: Scored) -> pa.Array:
 
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
-                 on_invalid: str = "error", max_invalid: float | None = None) -> Iterator[Any]:
+                 on_invalid: str = "error", max_invalid: float | None = None,
+                 id_col: str | None = None) -> Iterator[Any]:
     """One prediction per row, in order (None for invalid rows under ``"null"``); the
-    rows are one task's, their invalid ones held against ``max_invalid``."""
+    rows are one task's, their invalid ones held against ``max_invalid``; with ``id_col``
+    each row's field of that name names it in errors and is not an input."""
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
     budget = InvalidBudget(check_max_invalid(max_invalid, on_invalid))
@@ -346,20 +357,45 @@ def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
         buffer.append(row)
         if len(buffer) >= batch_size:
             yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid,
-                                   budget)
+                                   budget, id_col)
             position += len(buffer)
             buffer = []
     if buffer:
         yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid,
-                               budget)
+                               budget, id_col)
     budget.finish()
 
 
+def _without_id(row: Any, id_col: str, index: int) -> tuple[Any, Any]:
+    """``row``'s ``id_col`` value, and the row without it: its one other value, or a
+    tuple (a dict, for a dict row) of the others."""
+    if isinstance(row, dict):
+        fields = row
+    elif hasattr(row, "asDict"):  # a pyspark Row
+        fields = row.asDict()
+    else:
+        raise ModelInputError(f"id_col={id_col!r}: row {index} of this partition is a "
+                              f"{type(row).__name__}, not a Row or dict with that field")
+    if id_col not in fields:
+        raise ModelInputError(f"id_col={id_col!r}: row {index} of this partition has no such "
+                              f"field; it has {list(fields)}")
+    rest = {k: v for k, v in fields.items() if k != id_col}
+    if isinstance(row, dict):
+        return fields[id_col], rest
+    values = tuple(rest.values())
+    return fields[id_col], values[0] if len(values) == 1 else values
+
+
 def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row: int,
-                batch_size: int, on_invalid: str, budget: InvalidBudget) -> Iterator[Any]:
+                batch_size: int, on_invalid: str, budget: InvalidBudget,
+                id_col: str | None = None) -> Iterator[Any]:
+    ids = None
+    if id_col is not None:
+        split = [_without_id(row, id_col, first_row + i) for i, row in enumerate(rows)]
+        ids, rows = (id_col, [s[0] for s in split]), [s[1] for s in split]
     columns = columns_of_rows(rows) if handle.preprocess is not None \
         else cols.from_rows(rows, signature, first_row)
     scored = score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
-                   where="partition", first_row=first_row, reasons=budget.active)
+                   where="partition", first_row=first_row, reasons=budget.active, ids=ids)
     budget.add(scored)
     yield from to_rows(scored)

@@ -1,0 +1,43 @@
+"""How errors and reasons name a row: by an id column's value when there is one
+(``id_col=``: a record an operator can look up), else by its number in the batch or
+partition ("row 10 of this batch")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RowNames:
+    """The names of a batch's rows. ``ids``: one value per row (an Arrow array or a
+    sequence) of the column ``id_name``; rows are numbered from ``first_row`` within
+    ``where`` ("batch", "partition", "input") otherwise."""
+
+    where: str = "batch"
+    first_row: int = 0
+    id_name: str | None = None
+    ids: Any = None
+
+    @classmethod
+    def of(cls, where: str = "batch", first_row: int = 0,
+           ids: tuple[str, Any] | None = None) -> "RowNames":
+        """The names for ``ids`` (``(column name, values)``), or by number."""
+        return cls(where, first_row) if ids is None else cls(where, first_row, *ids)
+
+    def _id(self, row: int) -> str:
+        value = self.ids[row]
+        value = value.as_py() if hasattr(value, "as_py") else value  # an Arrow scalar
+        return f"{self.id_name}={value!r}"
+
+    def at(self, row: int) -> str:
+        """Row ``row`` of the batch: ``"row id=17"`` or ``"row 10 of this batch"``."""
+        if self.ids is not None:
+            return f"row {self._id(row)}"
+        return f"row {self.first_row + row} of this {self.where}"
+
+    def span(self, n: int) -> str:
+        """All ``n`` rows of the batch."""
+        if self.ids is not None and n:
+            return f"rows {self._id(0)} to {self._id(n - 1)}"
+        return f"rows {self.first_row}-{self.first_row + n - 1} of this {self.where}"
