@@ -2,6 +2,7 @@
 
     spark-keras score --model m.keras --input in.parquet --output out --features f
     spark-keras job-file score      # the job's .py file, for spark-submit
+    spark-keras conf                # the recommended Spark settings (spark-defaults.conf)
 
 ``score`` takes the options of :mod:`spark_keras.jobs.score` (``spark-keras score --help``).
 """
@@ -26,7 +27,16 @@ def _parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=help_line, add_help=False)
     where = commands.add_parser("job-file", help="print a job's .py file (for spark-submit)")
     where.add_argument("job", choices=sorted(JOBS))
+    commands.add_parser("conf", help="print the recommended Spark settings (a "
+                                     "spark-defaults.conf for --properties-file)")
     return p
+
+
+def recommended_conf() -> str:
+    """The recommended Spark settings shipped with the package, as a properties file."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("spark-defaults.conf").read_text("utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,5 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         job = importlib.import_module(f"{__package__}.jobs.{argv[0]}")
         return int(job.main(argv[1:], prog=f"{PROG} {argv[0]}"))
     args = _parser().parse_args(argv)  # --help, --version, job-file; exits on a bad command
+    if args.command == "conf":
+        sys.stdout.write(recommended_conf())
+        return 0
     print(job_file(args.job))
     return 0

@@ -191,6 +191,7 @@ def test_wheel_declares_no_framework_and_an_extra_for_each(installed):
     for needed in ("pyspark", "tensorflow-cpu", "distributed", "grpcio", "pytest"):
         assert needed in extra("test"), needed  # `make test` gets everything from one extra
     assert "spark_keras/py.typed" in names
+    assert "spark_keras/spark-defaults.conf" in names  # what `spark-keras conf` prints
     assert "spark-keras = spark_keras.cli:main" in entry_points
 
 
@@ -263,6 +264,12 @@ def test_installed_console_script_and_module(installed):
     assert where.returncode == 0, where.stderr[-3000:]
     assert where.stdout.strip() == os.path.join(site, "spark_keras", "jobs", "score.py")
     assert os.path.isfile(where.stdout.strip())
+    conf = subprocess.run([script, "conf"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert conf.returncode == 0, conf.stderr[-3000:]
+    with open(os.path.join(REPO_ROOT, "conf", "spark-defaults.conf"), encoding="utf-8") as f:
+        assert conf.stdout == f.read()  # the installed copy is the repository's
+    assert "spark.python.daemon.module" in conf.stdout
 
 
 PROBE = '''"""Preloaded by the Spark workers' daemon: where its spark_keras comes from."""

@@ -35,6 +35,9 @@ def files(tmp_path_factory):
     pd.DataFrame({"id": np.arange(250), **{f: x[:, i] for i, f in enumerate(FEATURES)}}).to_csv(
         folder / "in.txt", index=False)
     pd.DataFrame({"id": [1, 2], "features": ["a", "b"]}).to_parquet(folder / "bad.parquet", index=False)
+    nan_row = x[:3].copy()
+    nan_row[1, 2] = np.nan  # a row only a worker sees
+    write_features(folder / "nan.parquet", [0, 1, 2], list(nan_row))
     model.save(folder / "model.keras")
     sk.save(model, folder / "model.skp")
     return folder, model, x
@@ -50,7 +53,7 @@ def summary(proc) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("SCORED ")]
     assert len(lines) == 1, (proc.stdout + proc.stderr)[-3000:]
     found = re.fullmatch(r"SCORED rows=(\d+) invalid_rows=(\d+) seconds=\S+ rows_per_second=\S+ "
-                         r"model_builds=(\d+) build_seconds=(\S+)", lines[0])
+                         r"model_builds=(\d+) build_seconds=(\S+) wall_seconds=\S+", lines[0])
     assert found, lines[0]
     return {"rows": int(found[1]), "invalid_rows": int(found[2]),
             "model_builds": int(found[3]), "build_seconds": float(found[4])}
@@ -83,8 +86,14 @@ def test_score_csv_with_format_overwriting_old_output(files):
     # the model by URI (read by the executor from storage); the workers' daemon reports
     proc = submit("--model", f"file://{folder}/model.skp", "--input", str(folder / "in.txt"),
                   "--format", "csv", "--output", str(out), "--features", ",".join(FEATURES),
-                  "--batch-size", "64", "--overwrite", SPARK_KERAS_DAEMON_REPORT=str(reports))
+                  "--batch-size", "64", "--overwrite",
+                  "--conf", "spark.sql.parquet.compression.codec=uncompressed",  # a user setting
+                  SPARK_KERAS_DAEMON_REPORT=str(reports))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    # quiet: no Spark log lines or progress bars, the SCORED line (and spark-submit's own
+    # few lines before the session starts)
+    assert len((proc.stdout + proc.stderr).splitlines()) <= 12, proc.stdout + proc.stderr
+    assert sorted({p.suffixes[-2] for p in out.glob("part-*.parquet")}) == [".c000"]  # no .snappy
     figures = summary(proc)
     assert figures["rows"] == 250 and figures["invalid_rows"] == 0
     assert_built_once_per_worker(figures)
@@ -145,7 +154,10 @@ FAILURES = {  # case: what the job's one error line says, and its exit status
     "output exists": ("exists; pass --overwrite", 2),
     "unknown feature": ("not in the input", 2),
     "master and remote": ("--master 'local[1]' cannot be combined", 2),
-    "bad data": ("column 'features' has type string", 1),  # a failed Spark job
+    "bad data": ("column 'features' has type string", 2),  # refused on the driver
+    "bad row": ("NaN or infinite", 2),  # a worker's ModelInputError, as its one line
+    "bad master": ("cannot start Spark on master 'locl[2]'", 2),
+    "bad conf": ("--conf 'spark.sql.shuffle.partitions': expected key=value", 2),
 }
 
 
@@ -168,11 +180,18 @@ def failing_args(folder, case: str, prefix: str) -> list[str]:
         args["--master"] = "local[1]"
     elif case == "bad data":
         args["--input"] = str(folder / "bad.parquet")
+    elif case == "bad row":
+        args["--input"] = str(folder / "nan.parquet")
+    elif case == "bad master":
+        args["--master"] = "locl[2]"
+    elif case == "bad conf":
+        args["--conf"] = "spark.sql.shuffle.partitions"
     return [item for pair in args.items() for item in pair]
 
 
 @pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
-                                  "output exists", "unknown feature", "bad data"])
+                                  "output exists", "unknown feature", "bad data", "bad row",
+                                  "bad master", "bad conf"])
 @pytest.mark.slow  # one spark-submit per case: about 2 minutes in all
 def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     folder, _, _ = files
@@ -185,6 +204,8 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     output = proc.stdout + proc.stderr
     errors = [line for line in output.splitlines() if line.startswith("score.py: error:")]
     assert len(errors) == 1 and expected in errors[0], output[-3000:]
+    assert output.splitlines()[-1] == errors[0]  # the last line says what failed
+    assert len(output.splitlines()) <= 12, output  # no Spark log lines, no traceback
     assert set(os.listdir(folder)) == before  # no partial output, no staging folder
 
 
@@ -230,11 +251,11 @@ def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(fil
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["output exists", "missing input", "master and remote", "bad data"])
+@pytest.mark.parametrize("case", ["output exists", "missing input", "master and remote", "bad row"])
 @pytest.mark.slow  # one Connect job per case
 def test_connect_failures_are_one_line_and_leave_nothing(files, case):
     """Through ``SPARK_REMOTE``: the same one-line errors and statuses as classic. Path
-    errors are found on the client before a server starts; only "bad data" runs a job
+    errors are found on the client before a server starts; only "bad row" runs a job
     (it fails while writing the staging folder, which must be gone afterwards)."""
     needs_connect()
     folder, _, _ = files

@@ -2,8 +2,8 @@
 
     spark-keras score --model model.keras --input data.parquet --output scored.parquet \\
         --features features [--batch-size 1024] [--master local[*]] [--overwrite] \\
-        [--on-invalid error|null [--error-col error] [--max-invalid N|F]]
-        [--metrics-json metrics.json]
+        [--on-invalid error|null [--error-col error] [--max-invalid N|F]] [--id-col id]
+        [--metrics-json metrics.json] [--conf key=value ...] [--properties-file F] [--verbose]
 
     spark-submit --master yarn [--properties-file spark-defaults.conf] \\
         "$(spark-keras job-file score)" --model ... --input ... --output ... --features ...
@@ -20,8 +20,7 @@ score`` prints its path). The repository's ``jobs/score.py`` is a wrapper of it.
 Vector column, or a comma-separated list of scalar columns (or one column per model
 input). The output keeps every input column and adds ``--output-col`` (and ``--error-col``:
 why each invalid row got a null prediction). It is written to a
-temporary folder and renamed into place only when complete. Errors print one line and
-exit with status 2; nothing partial is left behind.
+temporary folder and renamed into place only when complete: nothing partial is left behind.
 
 Python workers fork from ``spark_keras.spark.daemon`` (TensorFlow and Keras imported once
 per executor) unless ``spark.python.daemon.module`` is set: ``pyspark.daemon`` turns it off.
@@ -36,9 +35,18 @@ Connect ignores ``spark.executorEnv.*``: a ``local[...]`` remote starts a server
 process whose Python workers inherit its environment, so the job sets
 ``TF_USE_LEGACY_KERAS`` before starting it.
 
-The ``SCORED`` line (and ``--metrics-json``) gives rows, invalid rows, seconds, rows/s,
-and the model builds the query's tasks made and their seconds: the transform's ``observe``
-figures, which Spark gathers from every executor (classic or Connect, one host or many).
+The ``SCORED`` line (and ``--metrics-json``) gives rows, invalid rows, ``seconds`` (the
+scoring query: reading, scoring and writing), rows/s over it, and the model builds the
+query's tasks made and their seconds: the transform's ``observe`` figures, which Spark
+gathers from every executor (classic or Connect, one host or many); the line's
+``wall_seconds`` is the whole job's, Spark's start-up included.
+
+The job is quiet: Spark's log lines and progress bars are off (``spark.log.level`` FATAL)
+unless ``--verbose``, and a failure is one line on stderr, exit status 2 for what the user
+can mend (an option, path, master, model or row the model cannot take, executors whose
+Python lacks spark_keras), 1 for anything else. ``--conf key=value`` (repeatable) and
+``--properties-file`` set Spark settings (they win over spark-submit's); the executors run
+this job's Python unless ``spark.pyspark.python`` or ``PYSPARK_PYTHON`` says otherwise.
 
 This module is the command line; running is :mod:`spark_keras.jobs.score_run`, the
 session :mod:`spark_keras.jobs.score_session`, the paths :mod:`spark_keras.spark.paths`.
@@ -50,9 +58,10 @@ import argparse
 import logging
 import os
 import sys
+import time
 
-from spark_keras.errors import MissingDependencyError
-from spark_keras.jobs.score_errors import JobError, reason
+from spark_keras.inference.options import RESIZE
+from spark_keras.jobs.score_errors import outcome
 from spark_keras.jobs.score_run import run
 
 PROG = "score.py"  # this file's name: what spark-submit runs and what errors start with
@@ -80,35 +89,52 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--error-col", default=None,
                    help="with --on-invalid null: a string column saying why each invalid row "
                         "got a null prediction (null for scored rows)")
+    p.add_argument("--resize", choices=list(RESIZE), default=None,
+                   help="resize image rows of another size to the model's input, as "
+                        "keras.utils.load_img(interpolation=...) does (default: such rows "
+                        "are invalid)")
+    p.add_argument("--id-col", default=None, metavar="COLUMN",
+                   help="a column naming each row (a record id) in errors and --error-col "
+                        "reasons: 'row id=17' instead of 'row 10 of this batch'")
     p.add_argument("--max-invalid", type=float, default=None, metavar="N|F",
                    help="with --on-invalid null: the most invalid rows a task may give, a count "
                         "(>= 1) or a fraction (< 1) of its rows; beyond it the job fails")
     p.add_argument("--metrics-json", default=None, metavar="PATH",
                    help="write the summary (rows, invalid_rows, seconds, rows_per_second, "
                         "model_builds, build_seconds) as JSON to this local file")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting (repeatable); wins over --properties-file and "
+                        "spark-submit's")
+    p.add_argument("--properties-file", default=None, metavar="PATH",
+                   help="Spark settings, one 'key value' per line (as spark-submit's)")
+    p.add_argument("--verbose", action="store_true",
+                   help="Spark's log lines, progress bars and the Python traceback of a failure")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the job with command-line ``argv`` (default ``sys.argv[1:]``); the exit status:
-    0 done (one ``SCORED ...`` line on stdout), 2 a reason to stop (a bad path or option,
-    a missing dependency), 1 a failed Spark job; errors are one ``<prog>: error:`` line."""
+    0 done (one ``SCORED ...`` line on stdout), 2 an input, usage or set-up error (a bad
+    path, option, master, model or row; executors without spark_keras), 1 an internal
+    failure; a failure is one ``<prog>: error:`` line (``--verbose``: and its traceback)."""
+    started = time.perf_counter()
+    args = parse_args(argv, prog)
     # spark_keras's progress lines; other libraries' (py4j...) only from WARNING up
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("spark_keras").setLevel(logging.INFO)
-    args = parse_args(argv, prog)
+    logging.getLogger("spark_keras").setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
         summary = run(args)
-    except (JobError, MissingDependencyError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a failed Spark job: the Python error that caused it
-        print(f"{prog}: error: {reason(exc)}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        if args.verbose:
+            logging.getLogger("spark_keras.jobs.score").exception("the job failed")
+        line, status = outcome(exc)
+        print(f"{prog}: error: {line}", file=sys.stderr)
+        return status
     print(f"SCORED rows={summary['rows']} invalid_rows={summary['invalid_rows']} "
           f"seconds={summary['seconds']} rows_per_second={summary['rows_per_second']} "
-          f"model_builds={summary['model_builds']} build_seconds={summary['build_seconds']}")
+          f"model_builds={summary['model_builds']} build_seconds={summary['build_seconds']} "
+          f"wall_seconds={time.perf_counter() - started:.3f}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The score job's reasons to stop, and the one line it prints for a failed Spark job."""
+"""The score job's reasons to stop, and the one line (and exit status) it prints for a
+failure."""
 
 from __future__ import annotations
 
@@ -6,14 +7,25 @@ import re
 
 from spark_keras.errors import SparkKerasError
 
-__all__ = ["JobError", "reason"]
+__all__ = ["JobError", "reason", "outcome"]
 
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 _GRPC_DETAILS = re.compile(r'status = StatusCode\.(\w+)\s+details = "(.*)"')
+_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+USAGE, INTERNAL = 2, 1  # exit statuses: an input, usage or set-up error; anything else
 
 
 class JobError(SparkKerasError):
     """A reason to stop the job (a bad path or option), printed as one line."""
+
+
+def _ours(exc: BaseException) -> re.Match | None:
+    """The ``spark_keras.errors...: message`` line a worker's error names, if any."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    found = [m for m in map(_ERROR_LINE.match, lines) if m]
+    ours = [m for m in found if m.group(1).startswith("spark_keras.")]
+    return ours[0] if ours else None
 
 
 def reason(exc: BaseException) -> str:
@@ -21,11 +33,28 @@ def reason(exc: BaseException) -> str:
     Connect client's gRPC status and details)."""
     lines = [line.strip() for line in str(exc).splitlines()]
     found = [m for m in map(_ERROR_LINE.match, lines) if m]
-    ours = [m for m in found if m.group(1).startswith("spark_keras.")]
-    best = ours[0] if ours else found[-1] if found else None
+    best = _ours(exc) or (found[-1] if found else None)
     if best:
         return f"{best.group(1).rsplit('.', 1)[-1]}: {best.group(2)}"
     grpc = _GRPC_DETAILS.search(str(exc))
     if grpc:
         return f"{type(exc).__name__} {grpc[1]}: {grpc[2]}"
     return lines[0] if lines and lines[0] else type(exc).__name__
+
+
+def outcome(exc: BaseException) -> tuple[str, int]:
+    """The line to print for ``exc`` and the exit status: :data:`USAGE` for what the
+    user can mend (a spark_keras error, on the driver or raised on purpose in a worker:
+    bad input, options, paths, model; executors whose Python cannot import the package),
+    :data:`INTERNAL` for anything else."""
+    if isinstance(exc, SparkKerasError):
+        return str(exc), USAGE
+    if _ours(exc) is not None:
+        return reason(exc), USAGE
+    missing = _NO_MODULE.search(str(exc))
+    if missing and missing[1].split(".")[0] in ("spark_keras", "numpy", "pyarrow", "pandas",
+                                                "keras", "tensorflow"):
+        return (f"the executors' Python cannot import {missing[1]!r}: give them one that has "
+                f"spark-keras installed (--conf spark.pyspark.python=/path/to/bin/python, "
+                f"or PYSPARK_PYTHON)"), USAGE
+    return reason(exc), INTERNAL

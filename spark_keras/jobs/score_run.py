@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from spark_keras.errors import ArgumentError, StorageError
 from spark_keras.inference.options import FLAGS, check_error_col, check_max_invalid
 from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session
+from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths
 
 __all__ = ["run"]
@@ -70,14 +70,15 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     """The session and its path operations, paths checked. On Connect the checks run on
     the client first, so a bad path fails before a server is started or reached."""
     _check_options(args)
+    user = settings(args.conf, args.properties_file)
     if args.remote:
         if args.master:
             raise JobError(f"--master {args.master!r} cannot be combined with Spark Connect "
                            f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
         paths: Paths = ArrowPaths()
         _check_paths(paths, args)
-        return connect_session(args.remote), paths
-    spark = classic_session(args.master)
+        return connect_session(args.remote, user, args.verbose), paths
+    spark = classic_session(args.master, user, args.verbose)
     try:
         paths = HadoopPaths(spark)
         _check_paths(paths, args)
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
         try:  # a local path, or a URI the executors read from storage themselves
             with quiet_tensorflow_startup():  # start-up lines the log level hides
                 flavour.current()  # imports Keras and TensorFlow
-            handle = sk.BroadcastModel(spark, args.model)
+            handle = sk.BroadcastModel(spark, args.model, resize=args.resize)
         except sk.SparkKerasError as exc:  # StorageError, PayloadError...
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
 
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace) -> dict:
         observation = Observation("spark_keras_score")
         scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
                                   on_invalid=args.on_invalid, error_col=args.error_col,
-                                  observe=observation, max_invalid=args.max_invalid)
+                                  observe=observation, max_invalid=args.max_invalid,
+                                  id_col=args.id_col)
         started = time.perf_counter()
         _publish(scored, paths, args.output)
         seconds = time.perf_counter() - started

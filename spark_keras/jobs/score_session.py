@@ -1,45 +1,104 @@
 """The score job's Spark session: classic (its settings for the executors) or Spark
-Connect (a local server started here takes this process's environment)."""
+Connect (a local server started here takes this process's environment).
+
+Settings, strongest first: ``--conf k=v``, ``--properties-file``, spark-submit's own, then
+the job's defaults below (each only where nothing above set it)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+import sys
+from typing import Any, Mapping
 
 from spark_keras._deps import require
+from spark_keras.jobs.score_errors import JobError, reason
 
-__all__ = ["APP_NAME", "DAEMON_MODULE", "classic_session", "connect_session"]
+__all__ = ["APP_NAME", "DAEMON_MODULE", "classic_session", "connect_session", "settings"]
 
 APP_NAME = "spark-keras-score"
 DAEMON_MODULE = "spark_keras.spark.daemon"
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+# a line of a Java properties file: the key, then '=', ':' or blanks, then the value
+_PROPERTY = re.compile(r"([^\s=:]+)\s*[=:\s]\s*(.*)$")
+QUIET_LOG_LEVEL = "FATAL"  # Spark's own log lines (INFO, WARN and the tasks' ERROR tracebacks)
 
 
-def classic_session(master: str | None) -> Any:
-    """A classic session on ``master`` (default: spark-submit's, else ``local[*]``). What
-    spark-submit's configuration leaves unset is set for the executors: the preloading
-    daemon, the driver's Keras flavour and TensorFlow log level."""
+def settings(confs: list[str], properties_file: str | None) -> dict[str, str]:
+    """The user's Spark settings: ``properties_file`` (Spark's format: ``key value`` or
+    ``key=value`` lines, ``#`` comments) overridden by ``confs`` (``key=value`` each)."""
+    out: dict[str, str] = {}
+    if properties_file is not None:
+        try:
+            with open(properties_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as exc:
+            raise JobError(f"--properties-file {properties_file!r}: {exc.strerror}") from exc
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith(("#", "!")):
+                continue
+            found = _PROPERTY.match(line)
+            if found is None or not found[1].startswith("spark."):
+                raise JobError(f"--properties-file {properties_file!r} line {number}: "
+                               f"{line!r} is not a 'spark.* value' setting")
+            out[found[1]] = found[2].strip()
+    for conf in confs:
+        key, sep, value = conf.partition("=")
+        if not sep or not key.strip():
+            raise JobError(f"--conf {conf!r}: expected key=value (e.g. "
+                           f"spark.sql.shuffle.partitions=64)")
+        out[key.strip()] = value
+    return out
+
+
+def _defaults(verbose: bool) -> dict[str, str]:
+    """What the job sets for itself where the user did not."""
+    out = {
+        # workers fork from a daemon that imported TensorFlow and Keras once
+        "spark.python.daemon.module": DAEMON_MODULE,
+        # executors must run the driver's Keras flavour (Keras 3 or legacy tf-keras)
+        "spark.executorEnv.TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS", "0"),
+        # executors log TensorFlow's native lines as the driver does
+        "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": os.environ.get(LOG_LEVEL_ENV, "2"),
+    }
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # the executors' Python: this job's own (which has spark_keras), not the PATH's
+        out["spark.pyspark.python"] = sys.executable
+    if not verbose:  # the job's one line says what failed; --verbose shows Spark's logs
+        out["spark.log.level"] = QUIET_LOG_LEVEL
+        out["spark.ui.showConsoleProgress"] = "false"
+    return out
+
+
+def classic_session(master: str | None, user: Mapping[str, str] | None = None,
+                    verbose: bool = False) -> Any:
+    """A classic session on ``master`` (default: spark-submit's, else ``local[*]``) with
+    the ``user`` settings (see :func:`settings`) and the job's defaults where neither
+    they nor spark-submit set one: the preloading daemon, the driver's Keras flavour and
+    TensorFlow log level, the job's Python for the executors, Spark's logs off unless
+    ``verbose``. A master Spark cannot start on stops the job naming it."""
     require("pyspark", "the score job")
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    user = dict(user or {})
     builder = SparkSession.builder.appName(APP_NAME)
     SparkContext._ensure_initialized()  # the JVM, so SparkConf() sees spark-submit's settings
     conf = SparkConf()
+    master = master or user.pop("spark.master", None)
     if master or not conf.get("spark.master", None):  # spark-submit --master wins
         builder = builder.master(master or "local[*]")
-    if conf.get("spark.python.daemon.module", None) is None:
-        # workers fork from a daemon that imported TensorFlow and Keras once
-        builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
-    if conf.get("spark.executorEnv.TF_USE_LEGACY_KERAS", None) is None:
-        # executors must run the driver's Keras flavour (Keras 3 or legacy tf-keras)
-        legacy = os.environ.get("TF_USE_LEGACY_KERAS", "0")
-        builder = builder.config("spark.executorEnv.TF_USE_LEGACY_KERAS", legacy)
-    if conf.get("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", None) is None:
-        # executors log TensorFlow's native lines as the driver does
-        builder = builder.config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL",
-                                 os.environ.get(LOG_LEVEL_ENV, "2"))
-    return builder.getOrCreate()
+    for key, value in _defaults(verbose).items():
+        if key not in user and conf.get(key, None) is None:
+            builder = builder.config(key, value)
+    for key, value in user.items():
+        builder = builder.config(key, value)
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:  # a master URL Spark cannot parse or reach
+        name = master or conf.get("spark.master", "local[*]")
+        raise JobError(f"cannot start Spark on master {name!r}: {reason(exc)}") from exc
 
 
 def is_local(remote: str) -> bool:
@@ -47,9 +106,11 @@ def is_local(remote: str) -> bool:
     return remote.startswith("local")
 
 
-def connect_session(remote: str) -> Any:
+def connect_session(remote: str, user: Mapping[str, str] | None = None,
+                    verbose: bool = False) -> Any:
     """A Spark Connect session. Connect ignores ``spark.executorEnv.*``: a local server's
-    Python workers get the environment this process has when the server starts."""
+    Python workers get the environment this process has when the server starts. The
+    ``user`` settings go to the session (a local server takes them all)."""
     require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
     from pyspark.sql import SparkSession
 
@@ -58,4 +119,9 @@ def connect_session(remote: str) -> Any:
     builder = SparkSession.builder.remote(remote).appName(APP_NAME)
     if is_local(remote):  # a server started here takes our settings; a remote one has its own
         builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
+        if not verbose:
+            builder = builder.config("spark.log.level", QUIET_LOG_LEVEL) \
+                .config("spark.ui.showConsoleProgress", "false")
+    for key, value in (user or {}).items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
