@@ -81,12 +81,11 @@ def train(frame):
     return model
 
 
-def session(master: str):
+def session(master: str, build_log: str):
     from pyspark.sql import SparkSession
 
     # Python workers run this interpreter (the one with TensorFlow), unless told otherwise
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    build_log = os.environ.get("SPARK_KERAS_BUILD_LOG") or tempfile.mkdtemp(prefix="spark_keras_")
     spark = (SparkSession.builder.master(master).appName("spark-keras-pipeline")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -95,7 +94,7 @@ def session(master: str):
              .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    return spark, build_log
+    return spark
 
 
 def read_data(spark, path: str, partitions: int):
@@ -125,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     from spark_keras.cache import read_build_log
     from spark_keras.ml import KerasTransformer
 
-    spark, build_log = session(args.master)
+    # the workers' build records: the caller's folder, or one removed when the job ends
+    scratch = tempfile.TemporaryDirectory(prefix="spark_keras_")
+    build_log = os.environ.get("SPARK_KERAS_BUILD_LOG") or scratch.name
+    spark = session(args.master, build_log)
     try:
         df = read_data(spark, data_path, args.partitions).cache()
         pipeline = Pipeline(stages=[
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 builds[worker] = builds.get(worker, 0) + 1
     finally:
         spark.stop()
+        scratch.cleanup()
 
     stages = os.path.join(model_path, "stages")
     keras_stage = next(name for name in os.listdir(stages) if "KerasTransformer" in name)

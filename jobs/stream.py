@@ -38,7 +38,8 @@ SCHEMA = "id long, features array<float>, label int"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="stream.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None, help="a new or empty folder (default: a temporary one)")
+    p.add_argument("--out", default=None,
+                   help="a new or empty folder, kept (default: a temporary one, removed at the end)")
     p.add_argument("--files", type=int, default=6, help="input files, one per micro-batch")
     p.add_argument("--rows", type=int, default=2000, help="rows per input file")
     p.add_argument("--master", default="local[2]")
@@ -117,7 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # driver and (executorEnv) workers
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="spark_keras_stream_")
+    scratch = None if args.out else tempfile.TemporaryDirectory(prefix="spark_keras_stream_")
+    out = os.path.abspath(args.out) if args.out else scratch.name
+    try:
+        return _run(args, out)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _run(args: argparse.Namespace, out: str) -> int:
     if os.path.exists(out) and os.listdir(out):
         print(f"stream.py: {out} is not empty; give a new or empty --out", file=sys.stderr)
         return 2

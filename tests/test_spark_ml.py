@@ -191,8 +191,10 @@ def test_job_on_local_cluster_then_loaded_in_a_fresh_driver(spark, tmp_path):
     from pyspark.ml import PipelineModel
 
     out = tmp_path / "job"
+    job_tmp = tmp_path / "tmp"  # the job's temporary folders: none left afterwards
+    job_tmp.mkdir()
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TF_CPP_MIN_LOG_LEVEL="2")
+               TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(job_tmp))
     env.pop("SPARK_KERAS_BUILD_LOG", None)
     proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "jobs", "pipeline.py"),
                            "--master", "local-cluster[2,1,1024]", "--out", str(out),
@@ -200,6 +202,7 @@ def test_job_on_local_cluster_then_loaded_in_a_fresh_driver(spark, tmp_path):
                           env=env, capture_output=True, text=True, timeout=400)
     summary = [line for line in proc.stdout.splitlines() if line.startswith("PIPELINE")]
     assert proc.returncode == 0 and summary, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert not os.listdir(job_tmp), os.listdir(job_tmp)
     fields = dict(re.findall(r"(\w+)=(\S+)", summary[0]))
     assert fields["rows"] == "4000" and fields["identical"] == "yes", summary
     assert fields["builds_per_worker"] == "1" and int(fields["workers"]) >= 2, summary

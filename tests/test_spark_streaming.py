@@ -345,13 +345,17 @@ def test_destroying_the_handle_of_a_running_query_fails_it_cleanly(spark, tmp_pa
 
 @pytest.mark.slow  # the example job in its own driver
 def test_stream_example_job_runs(tmp_path):
+    """Without ``--out`` in a temporary folder of its own, which it leaves empty."""
+    job_tmp = tmp_path / "tmp"
+    job_tmp.mkdir()
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TF_CPP_MIN_LOG_LEVEL="2")
+               TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(job_tmp))
     env.pop("SPARK_KERAS_BUILD_LOG", None)
     proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "jobs", "stream.py"),
-                           "--out", str(tmp_path / "out"), "--files", "3", "--rows", "200"],
+                           "--files", "3", "--rows", "200"],
                           env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not os.listdir(job_tmp), os.listdir(job_tmp)  # nothing left behind
     summary = [line for line in proc.stdout.splitlines() if line.startswith("STREAMED")]
     assert summary, proc.stdout[-2000:]
     fields = dict(part.split("=", 1) for part in summary[0].split()[1:])
