@@ -59,9 +59,36 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON = os.environ.get("SPARK_KERAS_TEST_DAEMON", "spark_keras.spark.daemon")
 
 
+# The local[2] session the modules share (the ``spark`` fixture): starting one costs ~25 s
+# here (the JVM, then each daemon's TensorFlow import), about 20 modules use it. A module
+# that needs a session of its own (make_spark) stops it first; the next module that asks
+# for ``spark`` starts it again. Every module's builds and daemon reports go to one folder
+# (``build_log``): the tests read them by model key and worker pid.
+_SHARED: dict[str, object] = {}
+
+
+def _alive(session) -> bool:
+    from pyspark import SparkContext
+
+    sc = getattr(session, "_sc", None)
+    return sc is not None and sc._jsc is not None and SparkContext._active_spark_context is sc
+
+
+def _stop_shared() -> None:
+    session = _SHARED.pop("session", None)
+    if session is not None and _alive(session):
+        session.stop()
+
+
 def make_spark(master: str, build_log: str, **conf: str):
     """A real SparkSession whose Python workers run this interpreter and log builds (and
-    whose worker daemons report themselves) in ``build_log``."""
+    whose worker daemons report themselves) in ``build_log``. The shared session is
+    stopped first: ``getOrCreate`` would hand it back, whatever ``master`` and ``conf``."""
+    _stop_shared()
+    return _new_spark(master, build_log, **conf)
+
+
+def _new_spark(master: str, build_log: str, **conf: str):
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName("spark-keras-tests")
@@ -80,16 +107,41 @@ def make_spark(master: str, build_log: str, **conf: str):
     return session
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def build_log(tmp_path_factory) -> str:
+    """The folder of every session's build records and daemon reports (by key and pid)."""
     return str(tmp_path_factory.mktemp("build-log"))
 
 
 @pytest.fixture(scope="module")
 def spark(build_log):
-    session = make_spark("local[2]", build_log)
-    yield session
-    session.stop()
+    """The shared local[2] session (see ``_SHARED``), started if no module has it running."""
+    session = _SHARED.get("session")
+    if session is None or not _alive(session):
+        session = _SHARED["session"] = _new_spark("local[2]", build_log)
+    return session
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The modules that use the shared session first, one after another (each module in
+    its place otherwise): a module with a session of its own in between would stop the
+    shared one, and the next would start it again (~25 s each time)."""
+    def shared(item) -> bool:
+        defs = getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs.get("spark")
+        return bool(defs) and defs[-1].func.__module__ == __name__
+
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.module, []).append(item)
+    uses = {m: any(shared(i) for i in group) for m, group in modules.items()}
+    items[:] = [i for m, g in modules.items() if uses[m] for i in g] + \
+               [i for m, g in modules.items() if not uses[m] for i in g]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_shared_session():
+    yield
+    _stop_shared()
 
 
 def daemon_reports(folder: str) -> dict[int, dict]:

@@ -107,6 +107,7 @@ def test_score_csv_with_format_overwriting_old_output(files):
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
 
 
+@pytest.mark.slow  # a whole spark-submit job: about 50 s
 def test_score_parquet_with_null_policy_keeps_every_row(files):
     """Invalid rows get a null prediction, also in a file (its own partition and Arrow
     batch) where every row is invalid; the row count never changes."""
@@ -190,8 +191,7 @@ def failing_args(folder, case: str, prefix: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
-                                  "output exists", "unknown feature", "bad data", "bad row",
-                                  "bad master", "bad conf"])
+                                  "output exists", "unknown feature", "bad data", "bad row"])
 @pytest.mark.slow  # one spark-submit per case: about 2 minutes in all
 def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     folder, _, _ = files
@@ -207,6 +207,21 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     assert output.splitlines()[-1] == errors[0]  # the last line says what failed
     assert len(output.splitlines()) <= 12, output  # no Spark log lines, no traceback
     assert set(os.listdir(folder)) == before  # no partial output, no staging folder
+
+
+@pytest.mark.parametrize("case", ["bad master", "bad conf"])
+def test_a_bad_master_or_setting_is_one_line_naming_it(files, case):
+    """Run as ``spark-keras score`` runs it (no spark-submit, which takes --master itself):
+    a setting the job cannot use stops it before any job, with status 2."""
+    folder, _, _ = files
+    expected, status = FAILURES[case]
+    before = set(os.listdir(folder))
+    proc = run_score_job(*failing_args(folder, case, "out"))
+    assert proc.returncode == status, (proc.stdout + proc.stderr)[-3000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert lines[-1].startswith("score.py: error:") and expected in lines[-1], lines[-5:]
+    assert len(lines) <= 12, lines
+    assert set(os.listdir(folder)) == before
 
 
 # --- Spark Connect -------------------------------------------------------------------------

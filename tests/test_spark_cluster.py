@@ -62,6 +62,7 @@ def test_two_executors_build_once_per_worker_and_match_the_driver(cluster, build
     assert len(pids_that_scored) <= 2 and len(builds) <= 4, (pids_that_scored, builds)
 
 
+@pytest.mark.slow  # local-cluster, a worker killed and its task retried: about 60 s
 def test_worker_killed_mid_task_every_row_exactly_once(cluster, build_log, tmp_path):
     """One task SIGKILLs its own Python worker on its first attempt, once the model is
     built: Spark retries it, and the output has every row once, with correct predictions,
@@ -104,6 +105,7 @@ def test_worker_killed_mid_task_every_row_exactly_once(cluster, build_log, tmp_p
     assert killed_pid in {pid for _, pid in builds_by_worker(build_log, bm.key)}  # had built it
 
 
+@pytest.mark.slow  # local-cluster: about 30 s
 def test_each_executor_forks_its_workers_from_a_preloaded_daemon(cluster, build_log):
     if DAEMON != "spark_keras.spark.daemon":
         pytest.skip("the suite runs on the stock daemon (SPARK_KERAS_TEST_DAEMON)")

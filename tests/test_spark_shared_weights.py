@@ -83,6 +83,7 @@ def test_one_file_per_executor_shared_by_its_workers(cluster, build_log, tmp_pat
     assert not any(name.startswith(key) for names in left.values() for name in names), left
 
 
+@pytest.mark.slow  # local-cluster: about 45 s
 def test_unpersist_keeps_one_rebuild_per_worker_on_a_fresh_file(cluster, build_log):
     """After unpersist the handle takes a new key: each worker rebuilds once, on a new
     executor file, and the old file is removed."""
@@ -111,6 +112,7 @@ def test_unpersist_keeps_one_rebuild_per_worker_on_a_fresh_file(cluster, build_l
     assert f"{bm.key}.skp" in names and f"{old}.skp" not in names, names
 
 
+@pytest.mark.slow  # local-cluster and an S3 server: about 45 s
 def test_a_stored_model_is_read_once_per_executor(cluster, build_log, s3):
     """An ``s3://`` model: each of the two executors reads it from storage once, into
     its own folder, whatever the number of its Python workers and tasks."""
