@@ -6,9 +6,11 @@ spark-submit) run from a real wheel installed outside the checkout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -423,3 +425,101 @@ def test_py_files_with_the_stock_daemon_and_a_clear_error_with_the_preloading_on
                           env=dict(os.environ, PYSPARK_PYTHON=PYTHON, TF_CPP_MIN_LOG_LEVEL="2"))
     assert "REFUSED spark.python.daemon.module=spark_keras.spark.daemon, but spark_keras reaches the " \
            "executors through --py-files" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+# --- a real standalone cluster (README, "Deploying") ---------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _json(url: str, timeout: float = 2.0) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """A Spark standalone master and two workers (1 core, 1 GiB each), started with
+    ``spark-class`` as README "Deploying" says, stopped afterwards: the master's URL."""
+    import time
+
+    folder = tmp_path_factory.mktemp("standalone")
+    port, ui = _free_port(), _free_port()
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    spark_class = os.path.join(BIN, "spark-class")
+    started = []
+
+    def start(*args: str, log: str) -> None:
+        with open(folder / log, "w") as out:
+            started.append(subprocess.Popen([spark_class, *args], env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True))
+
+    master = f"spark://127.0.0.1:{port}"
+    try:
+        start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+              str(port), "--webui-port", str(ui), log="master.log")
+        for i in range(2):
+            start("org.apache.spark.deploy.worker.Worker", master, "--cores", "1", "--memory",
+                  "1g", "--webui-port", str(_free_port()), "--work-dir", str(folder / f"work-{i}"),
+                  log=f"worker-{i}.log")
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if len([w for w in _json(f"http://127.0.0.1:{ui}/json/")["workers"]
+                        if w["state"] == "ALIVE"]) == 2:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (folder / "master.log").read_text()[-3000:]
+            time.sleep(1)
+        yield {"master": master, "ui": ui, "folder": folder}
+    finally:
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow  # a master, two workers and a job: about 90 s
+def test_installed_job_on_a_standalone_cluster(installed, payload, standalone):
+    """spark-submit --master spark://... of the installed job, on two workers of a real
+    standalone cluster; no spark.pyspark.python given: the executors run the job's own
+    Python, which the job sets. Predictions equal the model's on the same batches."""
+    import spark_keras as sk
+    from spark_keras.inference import predictor_for
+
+    site, cwd = installed["site"], installed["cwd"]
+    x = np.random.default_rng(9).standard_normal((200, 4)).astype("float32")
+    pd.DataFrame({"id": np.arange(200), "features": list(x)}).to_parquet(
+        cwd / "cluster-in.parquet", index=False)
+    job = os.path.join(site, "spark_keras", "jobs", "score.py")
+    env = installed_env(installed)
+    env.pop("PYSPARK_PYTHON")  # the job's default: its own interpreter for the executors
+    cmd = [os.path.join(BIN, "spark-submit"), "--master", standalone["master"],
+           "--conf", f"spark.executorEnv.PYTHONPATH={site}", "--conf", "spark.executor.memory=512m",
+           job, "--model", payload, "--input", str(cwd / "cluster-in.parquet"),
+           "--output", str(cwd / "cluster-scored"), "--features", "features",
+           "--batch-size", "32", "--metrics-json", str(cwd / "cluster-metrics.json")]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert any(line.startswith("SCORED rows=200 ") for line in proc.stdout.splitlines()), output
+    apps = _json(f"http://127.0.0.1:{standalone['ui']}/json/")["completedapps"]
+    assert [a["name"] for a in apps] == ["spark-keras-score"], apps  # it ran on this cluster
+    scored = pd.read_parquet(cwd / "cluster-scored").sort_values("id")
+    assert scored["id"].tolist() == list(range(200))
+    model = sk.load(payload)
+    # one parquet file, one partition: the workers' batches of 32 rows, bit for bit
+    want = predictor_for(model)([x], 32)[0][:, 0]
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(), want)
