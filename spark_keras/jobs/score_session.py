@@ -62,9 +62,6 @@ def _defaults(verbose: bool) -> dict[str, str]:
         # executors log TensorFlow's native lines as the driver does
         "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": os.environ.get(LOG_LEVEL_ENV, "2"),
     }
-    if not os.environ.get("PYSPARK_PYTHON"):
-        # the executors' Python: this job's own (which has spark_keras), not the PATH's
-        out["spark.pyspark.python"] = sys.executable
     if not verbose:  # the job's one line says what failed; --verbose shows Spark's logs
         out["spark.log.level"] = QUIET_LOG_LEVEL
         out["spark.ui.showConsoleProgress"] = "false"
@@ -94,6 +91,12 @@ def classic_session(master: str | None, user: Mapping[str, str] | None = None,
             builder = builder.config(key, value)
     for key, value in user.items():
         builder = builder.config(key, value)
+    # the executors' Python: PySpark's driver takes it from PYSPARK_PYTHON alone (spark-submit
+    # sets it from spark.pyspark.python), else runs the PATH's python3: a --conf given here,
+    # else what is set, else this job's own interpreter (which has spark_keras)
+    os.environ["PYSPARK_PYTHON"] = user.get("spark.pyspark.python") \
+        or os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python", None) \
+        or sys.executable
     try:
         return builder.getOrCreate()
     except Exception as exc:  # a master URL Spark cannot parse or reach
