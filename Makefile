@@ -30,8 +30,8 @@ check-java:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required by PySpark 4, found '$$v' (java -version)" >&2; exit 1; fi
 
-# The fast path (about 15 min here); `make test-slow` runs the cases marked slow (about
-# 25 min), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
+# The fast path (about 14 min here: the test modules share one Spark session);
+# `make test-slow` runs the cases marked slow (about 30 min), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
 test: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" $(PYTEST_ARGS)
 
