@@ -17,6 +17,8 @@ from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import model_inputs
 from spark_keras.inference.signature import Signature, TensorSpec
 
+from . import models
+
 pytestmark = pytest.mark.timeout(600)
 
 SHAPE = (4, 5)  # height, width: not square, so a transposed image cannot pass
@@ -98,12 +100,12 @@ def test_resize_equals_load_img_target_size(rows, pngs, interpolation, size):
             np.testing.assert_array_equal(got, want, err_msg=f"{row['origin']} {channels}")
 
 
-def test_another_size_is_invalid_without_resize(rows):
+def test_another_size_is_invalid_without_resize(spark, rows):
     with pytest.raises(sk.ModelInputError, match=r"is 4 x 5 x \d; the model input takes 8 x 8 "
                                                  r"x 3 \(resize='bilinear' resizes"):
         model_inputs(from_arrow(["image"], [_column(rows)]), _signature((8, 8, 3)))
     with pytest.raises(sk.ArgumentError, match="resize must be None or one of"):
-        sk.BroadcastModel.__init__(object.__new__(sk.BroadcastModel), None, None, resize="smooth")
+        sk.BroadcastModel(spark, models.mlp(), resize="smooth")  # before anything ships
 
 
 def test_converted_and_resized_pixels_through_the_workers(spark, pngs):

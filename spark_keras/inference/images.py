@@ -17,8 +17,6 @@ an ``H x W x C`` array in RGB (RGBA) order, cast to the input's dtype: what
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 
@@ -88,16 +86,15 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
             + ("" if resize is not None else " (resize='bilinear' resizes images to it)"))))
     bad = missing | unsupported | damaged | misfit
     starts = offsets[:-1] - offsets[0]
-    out_sizes = np.where(bad, 0, out_h * out_w * out_c)
-    same = bool((out_sizes == np.where(bad, 0, lengths)).all()) and not (
-        ~bad & ((out_c != channels) | (out_h != height) | (out_w != width))).any()
-    if same:  # the common case: the bytes in place, channels reordered
+    changed = ~bad & ((out_c != channels) | (out_h != height) | (out_w != width))
+    if not changed.any():  # the common case: the bytes in place, channels reordered
         leaf = np.empty_like(raw)
         for r in np.flatnonzero(~bad):  # images are large: one slice each
             c = int(channels[r])
             s, e = int(starts[r]), int(starts[r] + lengths[r])
             leaf[s:e] = raw[s:e].reshape(-1, c)[:, _TO_RGB[c]].reshape(-1)
     else:
+        out_sizes = np.where(bad, 0, out_h * out_w * out_c)
         starts = np.concatenate([[0], np.cumsum(out_sizes)[:-1]]).astype(np.int64)
         leaf = np.zeros(int(out_sizes.sum()), np.uint8)
         for r in np.flatnonzero(~bad):
@@ -140,13 +137,8 @@ def resized(pixels: np.ndarray, height: int, width: int, interpolation: str) -> 
 
     c = pixels.shape[-1]
     image = Image.fromarray(pixels[..., 0] if c == 1 else pixels, _PIL_MODES[c])
-    filters: dict[str, Any] = {"nearest": Image.Resampling.NEAREST,
-                               "bilinear": Image.Resampling.BILINEAR,
-                               "bicubic": Image.Resampling.BICUBIC,
-                               "hamming": Image.Resampling.HAMMING,
-                               "box": Image.Resampling.BOX,
-                               "lanczos": Image.Resampling.LANCZOS}
-    out = np.asarray(image.resize((width, height), filters[interpolation]))
+    # load_img's interpolation names are PIL's filters, lower case (options.RESIZE)
+    out = np.asarray(image.resize((width, height), Image.Resampling[interpolation.upper()]))
     return out.reshape(height, width, c)
 
 

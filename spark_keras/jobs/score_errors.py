@@ -20,20 +20,23 @@ class JobError(SparkKerasError):
     """A reason to stop the job (a bad path or option), printed as one line."""
 
 
-def _ours(exc: BaseException) -> re.Match | None:
-    """The ``spark_keras.errors...: message`` line a worker's error names, if any."""
-    lines = [line.strip() for line in str(exc).splitlines()]
-    found = [m for m in map(_ERROR_LINE.match, lines) if m]
-    ours = [m for m in found if m.group(1).startswith("spark_keras.")]
-    return ours[0] if ours else None
+def _error_lines(exc: BaseException) -> list[re.Match]:
+    """The ``SomeError: message`` lines of ``exc``'s text (a worker's traceback included)."""
+    return [m for m in map(_ERROR_LINE.match, (line.strip() for line in str(exc).splitlines()))
+            if m]
+
+
+def _ours(found: list[re.Match]) -> re.Match | None:
+    """The first of ``found`` that is a ``spark_keras.errors...`` error, if any."""
+    return next((m for m in found if m.group(1).startswith("spark_keras.")), None)
 
 
 def reason(exc: BaseException) -> str:
     """One line: our own error if a worker raised one, else the last error line (or a
     Connect client's gRPC status and details)."""
     lines = [line.strip() for line in str(exc).splitlines()]
-    found = [m for m in map(_ERROR_LINE.match, lines) if m]
-    best = _ours(exc) or (found[-1] if found else None)
+    found = _error_lines(exc)
+    best = _ours(found) or (found[-1] if found else None)
     if best:
         return f"{best.group(1).rsplit('.', 1)[-1]}: {best.group(2)}"
     grpc = _GRPC_DETAILS.search(str(exc))
@@ -49,7 +52,7 @@ def outcome(exc: BaseException) -> tuple[str, int]:
     :data:`INTERNAL` for anything else."""
     if isinstance(exc, SparkKerasError):
         return str(exc), USAGE
-    if _ours(exc) is not None:
+    if _ours(_error_lines(exc)) is not None:
         return reason(exc), USAGE
     missing = _NO_MODULE.search(str(exc))
     if missing and missing[1].split(".")[0] in ("spark_keras", "numpy", "pyarrow", "pandas",

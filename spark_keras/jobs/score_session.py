@@ -22,6 +22,8 @@ LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 # a line of a Java properties file: the key, then '=', ':' or blanks, then the value
 _PROPERTY = re.compile(r"([^\s=:]+)\s*[=:\s]\s*(.*)$")
 QUIET_LOG_LEVEL = "FATAL"  # Spark's own log lines (INFO, WARN and the tasks' ERROR tracebacks)
+# the job's one line says what failed; --verbose keeps Spark's logs and progress bars
+QUIET = {"spark.log.level": QUIET_LOG_LEVEL, "spark.ui.showConsoleProgress": "false"}
 
 
 def settings(confs: list[str], properties_file: str | None) -> dict[str, str]:
@@ -62,10 +64,7 @@ def _defaults(verbose: bool) -> dict[str, str]:
         # executors log TensorFlow's native lines as the driver does
         "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": os.environ.get(LOG_LEVEL_ENV, "2"),
     }
-    if not verbose:  # the job's one line says what failed; --verbose shows Spark's logs
-        out["spark.log.level"] = QUIET_LOG_LEVEL
-        out["spark.ui.showConsoleProgress"] = "false"
-    return out
+    return out if verbose else {**out, **QUIET}
 
 
 def classic_session(master: str | None, user: Mapping[str, str] | None = None,
@@ -122,9 +121,8 @@ def connect_session(remote: str, user: Mapping[str, str] | None = None,
     builder = SparkSession.builder.remote(remote).appName(APP_NAME)
     if is_local(remote):  # a server started here takes our settings; a remote one has its own
         builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
-        if not verbose:
-            builder = builder.config("spark.log.level", QUIET_LOG_LEVEL) \
-                .config("spark.ui.showConsoleProgress", "false")
+        for key, value in ({} if verbose else QUIET).items():
+            builder = builder.config(key, value)
     for key, value in (user or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -142,7 +142,8 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     max_invalid = check_max_invalid(max_invalid, on_invalid)
     _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
-    columns = df.columns
+    schema = df.schema  # one analysis (a round trip on Connect) for every check below
+    columns = schema.names
     sent = names if id_col is None else [*names, id_col]  # the columns the workers get
     missing = [c for c in sent if c not in columns]
     if missing:
@@ -152,17 +153,17 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
             raise ModelInputError(f"input column {c!r} is ambiguous: the DataFrame has "
                                   f"{columns.count(c)} columns of that name ({columns}); "
                                   f"rename or drop one first")
-    if output_col in df.columns:
+    if output_col in columns:
         raise ModelInputError(f"output column {output_col!r} already exists in the DataFrame")
-    check_schema(handle, df.schema, names)  # what every batch would refuse, refused now
+    check_schema(handle, schema, names)  # what every batch would refuse, refused now
     fields = [StructField(output_col, prediction_type(handle.signature))]
     if error_col is not None:
-        _check_error_col(error_col, on_invalid, output_col, df.columns)
+        _check_error_col(error_col, on_invalid, output_col, columns)
         fields.append(StructField(error_col, StringType()))
     if observe is not None:
         from pyspark.sql.types import DoubleType, LongType
 
-        for hidden in set(_HIDDEN) & set(df.columns):
+        for hidden in set(_HIDDEN) & set(columns):
             raise ModelInputError(f"column {hidden!r} of the DataFrame is one an observed "
                                   f"transform adds for its figures: rename it")
         fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
