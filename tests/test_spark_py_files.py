@@ -42,6 +42,17 @@ def test_an_entry_holds_the_package_by_its_content_not_its_name(tmp_path):
     assert not _holds_package(str(tmp_path / "spark_keras_missing.py"))
 
 
+def test_a_handle_can_be_destroyed_after_its_session_stopped(build_log):
+    """A fixture or ``finally`` that releases a handle after ``spark.stop()`` (the
+    broadcast went with the SparkContext) must not fail with Spark's NullPointerException."""
+    session = make_spark("local[1]", build_log)
+    bm = sk.BroadcastModel(session, models.mlp(3, 4, 2))
+    session.stop()
+    bm.destroy()
+    with pytest.raises(sk.SparkKerasError, match="was destroyed"):
+        bm.check_usable()
+
+
 @pytest.fixture(scope="module")
 def spark_with_own_module(build_log, tmp_path_factory):
     folder = tmp_path_factory.mktemp("py-files")

@@ -100,6 +100,8 @@ class BroadcastTransport(Transport):
         self._broadcast = self._sc.broadcast(payload)
 
     def destroy(self, blocking: bool) -> None:
+        if self._sc is not None and self._sc._jsc is None:
+            return  # the SparkContext stopped: its broadcasts went with it
         self._broadcast.destroy(blocking)
 
     def __reduce__(self) -> tuple:
