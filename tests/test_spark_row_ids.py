@@ -71,3 +71,21 @@ def test_keras_transformer_id_col_is_saved_with_the_stage(df, tmp_path):
         and "row order='order-1210'" in errors[1], errors
     got = loaded.transform(df).where("error is null").select("prediction").collect()
     assert len(got) == 28 and np.isfinite([r.prediction for r in got]).all()
+
+
+def test_a_row_without_an_id_is_still_a_row(spark, bm):
+    """A null id (transform) or a row lacking the id field (predict_partition, under
+    "null") costs no row: it is scored, or if invalid named by its number."""
+    frame = spark.createDataFrame([("a", [1.0] * 4), (None, [NAN] * 4), ("c", [2.0] * 4)],
+                                  "order string, f array<double>").coalesce(1)
+    out = bm.transform(frame, "f", on_invalid="null", error_col="error", id_col="order") \
+        .collect()
+    assert [r.error is None for r in out] == [True, False, True]
+    assert "row 1 of this batch (order is null)" in out[1].error, out[1].error
+    dicts = [{"order": "a", "f": [1.0] * 4}, {"f": [3.0] * 4}, {"order": "c", "f": [NAN] * 4}]
+    rdd = spark.sparkContext.parallelize(dicts, 1)
+    got = rdd.mapPartitions(
+        lambda part: bm.predict_partition(part, on_invalid="null", id_col="order")).collect()
+    assert len(got) == 3 and got[0] is not None and got[1] is not None and got[2] is None
+    with pytest.raises(Exception, match=r"row 1 of this partition has no such field"):
+        rdd.mapPartitions(lambda part: bm.predict_partition(part, id_col="order")).collect()

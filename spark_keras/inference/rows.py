@@ -28,10 +28,13 @@ class RowNames:
     def _id(self, row: int) -> str:
         value = self.ids[row]
         value = value.as_py() if hasattr(value, "as_py") else value  # an Arrow scalar
+        if value is None:  # no id to look up: its number, and why
+            return f"{self.first_row + row} of this {self.where} ({self.id_name} is null)"
         return f"{self.id_name}={value!r}"
 
     def at(self, row: int) -> str:
-        """Row ``row`` of the batch: ``"row id=17"`` or ``"row 10 of this batch"``."""
+        """Row ``row`` of the batch: ``"row id=17"``, ``"row 10 of this batch"``, or
+        ``"row 10 of this batch (id is null)"`` for a row whose id is null."""
         if self.ids is not None:
             return f"row {self._id(row)}"
         return f"row {self.first_row + row} of this {self.where}"

@@ -367,24 +367,28 @@ def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
     budget.finish()
 
 
-def _without_id(row: Any, id_col: str, index: int) -> tuple[Any, Any]:
+def _without_id(row: Any, id_col: str, index: int, lenient: bool) -> tuple[Any, Any]:
     """``row``'s ``id_col`` value, and the row without it: its one other value, or a
-    tuple (a dict, for a dict row) of the others."""
+    tuple (a dict, for a dict row) of the others. A row without that field is refused,
+    or, when ``lenient`` (``on_invalid="null"``: one row must not cost the others), kept
+    whole with a null id (it is then named by its number)."""
     if isinstance(row, dict):
         fields = row
     elif hasattr(row, "asDict"):  # a pyspark Row
         fields = row.asDict()
+    elif lenient:
+        return None, row
     else:
         raise ModelInputError(f"id_col={id_col!r}: row {index} of this partition is a "
                               f"{type(row).__name__}, not a Row or dict with that field")
-    if id_col not in fields:
+    if id_col not in fields and not lenient:
         raise ModelInputError(f"id_col={id_col!r}: row {index} of this partition has no such "
                               f"field; it has {list(fields)}")
     rest = {k: v for k, v in fields.items() if k != id_col}
     if isinstance(row, dict):
-        return fields[id_col], rest
+        return fields.get(id_col), rest
     values = tuple(rest.values())
-    return fields[id_col], values[0] if len(values) == 1 else values
+    return fields.get(id_col), values[0] if len(values) == 1 else values
 
 
 def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row: int,
@@ -392,7 +396,8 @@ def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row:
                 id_col: str | None = None) -> Iterator[Any]:
     ids = None
     if id_col is not None:
-        split = [_without_id(row, id_col, first_row + i) for i, row in enumerate(rows)]
+        lenient = on_invalid == "null"
+        split = [_without_id(row, id_col, first_row + i, lenient) for i, row in enumerate(rows)]
         ids, rows = (id_col, [s[0] for s in split]), [s[1] for s in split]
     columns = columns_of_rows(rows) if handle.preprocess is not None \
         else cols.from_rows(rows, signature, first_row)
