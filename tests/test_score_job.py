@@ -226,6 +226,25 @@ def test_a_bad_master_or_setting_is_one_line_naming_it(files, case):
     assert set(os.listdir(folder)) == before
 
 
+@pytest.mark.slow  # a whole job whose executors fail: about a minute
+def test_executors_that_cannot_import_the_package_are_one_line_saying_so(files, tmp_path):
+    """Executors given a Python without the package (a bare venv): exit 2 and a line
+    naming the module and the setting that mends it, not the daemon's EOFException."""
+    folder, _, _ = files
+    import venv
+
+    bare = tmp_path / "bare"
+    venv.EnvBuilder(with_pip=False).create(bare)  # no numpy, no spark_keras
+    args = failing_args(folder, "bad master", "out")
+    args[args.index("--master") + 1] = "local[1]"
+    proc = run_score_job(*args, "--conf", f"spark.pyspark.python={bare / 'bin' / 'python'}")
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert proc.returncode == 2, lines[-20:]
+    assert lines[-1].startswith("score.py: error: the executors' Python cannot import"), lines[-5:]
+    # Spark's start-up lines and two progress bars come before the job's settings apply
+    assert "spark.pyspark.python" in lines[-1] and len(lines) <= 20, lines
+
+
 # --- Spark Connect -------------------------------------------------------------------------
 # A local Connect server always listens on port 15002: the jobs below run one at a time.
 
