@@ -166,6 +166,49 @@ def test_clean_batches_are_not_retried():
     assert calls == [100, 100, 100] and out.invalid is None
 
 
+def _search_counting_calls(n, bad, split):
+    """isolate over rows 0..n-1 of a call raising on any range holding a ``bad`` row."""
+    calls = []
+
+    def call(ranges):
+        rows = [r for a, b in ranges for r in range(a, b)]
+        calls.append(len(ranges))
+        if bad.intersection(rows):
+            raise ValueError(f"bad rows {sorted(bad.intersection(rows))}")
+        return rows
+
+    def cut(rows, sizes):
+        bounds = np.cumsum([0, *sizes])
+        return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    found = isolation.isolate(call, 0, n, ValueError("the whole batch"), split=cut if split else None)
+    return found, calls
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_search_finds_exactly_the_failing_rows_and_calls_every_other_row_once(seed, split):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 1500))
+    bad = set(rng.choice(n, size=int(rng.integers(0, min(n, 9) + 1)), replace=False).tolist())
+    found, calls = _search_counting_calls(n, bad, split)
+    assert set(found.failures) == bad
+    assert all(str(sorted({r}))[1:-1] in str(e) or not bad for r, e in found.failures.items())
+    scored_rows = [r for a, b, rows in found.parts for r in rows]
+    assert scored_rows == [r for r in range(n) if r not in bad]  # in order, each once
+    assert all(rows == list(range(a, b)) for a, b, rows in found.parts)
+    if not split:
+        assert set(calls) <= {1}  # one range per call without a split
+
+
+def test_one_failing_row_among_1024_takes_about_log2_calls():
+    """Pieces set aside are called together: 10 halvings and one call for the rest (one
+    call per piece instead costs ~15), since each call's fixed cost dominates the search."""
+    for row in (0, 1, 511, 700, 1023):
+        found, calls = _search_counting_calls(1024, {row}, True)
+        assert set(found.failures) == {row} and len(calls) <= 12, (row, len(calls))
+
+
 def test_isolation_reason_texts():
     class Op(Exception):
         message = ("Graph execution error:\n\nDetected at node DecodePng defined at (most "

@@ -7,20 +7,22 @@ a part that succeeds is kept, a part that fails is split again, down to single r
 which are the failures. :func:`first_failure` does the same to name the first failing
 row when the failure is to be raised.
 
-A failed part is split in :data:`FANOUT` pieces; when all but the last succeed, the last
-is split without being called (it must hold the failure), so finding one bad row among
-1,024 takes about 11 calls of halving sizes: each call costs a fixed ~1.4 ms here, which
-dominates. A clean call is never retried (nothing of this runs unless a call raised).
+A failed part is split in halves; when the first half succeeds, the second must hold the
+failure: it is split without being called. When the first half fails, its second half is
+set aside and called with every other piece set aside, in one call, once the failing rows
+are found (``split`` cuts that call's result back into pieces): finding one bad row among
+1,024 takes about 11 calls of halving sizes, and each call costs a fixed ~0.5-1.4 ms here,
+which dominates. A clean call is never retried (nothing of this runs unless a call raised).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Sequence, TypeVar, cast
 
 T = TypeVar("T")
-
-FANOUT = 2
+Range = tuple[int, int]  # rows a to b
+Ranges = Sequence[Range]
 # the longest reason text kept for a row (the exception's first line)
 REASON_CHARS = 200
 
@@ -48,59 +50,101 @@ class Isolated(Generic[T]):
         self.failures: dict[int, BaseException] = {}
 
 
-def isolate(call: Callable[[int, int], T], start: int, stop: int,
-            first: BaseException | None = None) -> Isolated[T]:
-    """``call(a, b)`` (the rows ``a`` to ``b``) for rows ``start`` to ``stop``, rows
-    that make it raise left out. ``first``: the exception ``call(start, stop)`` already
-    raised (it is not called again for that range)."""
+def isolate(call: Callable[[Ranges], T], start: int, stop: int,
+            first: BaseException | None = None,
+            split: Callable[[T, list[int]], list[T]] | None = None) -> Isolated[T]:
+    """``call(ranges)`` (the rows of ``ranges``, ``(a, b)`` pairs, one after the other)
+    for rows ``start`` to ``stop``, rows that make it raise left out. ``first``: the
+    exception ``call([(start, stop)])`` already raised (it is not called again).
+
+    Without ``split``, ``call`` gets one range at a time. With it (``split(result,
+    sizes)``: a call's result cut into the results of consecutive rows of those sizes),
+    the pieces set aside while searching are called together (see the module's text)."""
     found: Isolated[T] = Isolated()
-    _search(call, start, stop, first, found)
+    pending: list[Range] | None = [] if split is not None else None
+    _search(call, [(start, stop)], first, found, pending, split)
+    while pending:
+        ranges = _merged(pending)
+        pending.clear()
+        _search(call, ranges, None, found, pending, split)
+    found.parts.sort(key=lambda part: part[0])
     return found
 
 
-def _search(call: Callable[[int, int], T], start: int, stop: int,
-            failed: BaseException | None, found: Isolated[T]) -> bool:
-    """Rows ``start`` to ``stop`` into ``found`` (``failed``: what calling them all
-    raised, or None to call them); True when some rows failed. When every piece of a
-    failed range but the last succeeded, the last must hold the failure: it is split
-    without being called (its rows are called in its pieces)."""
+def _search(call: Callable[[Ranges], T], ranges: Ranges, failed: BaseException | None,
+            found: Isolated[T], pending: list[Range] | None,
+            split: Callable[[T, list[int]], list[T]] | None) -> bool:
+    """The rows of ``ranges`` into ``found`` (``failed``: what calling them all raised,
+    or None to call them); True when some rows failed."""
     if failed is None:
         try:
-            found.parts.append((start, stop, call(start, stop)))
-            return False
+            result = call(ranges)
         except Exception as exc:  # any exception a row can cause
             failed = exc
-    if stop - start == 1:
-        found.failures[start] = failed
+        else:
+            results = [result] if len(ranges) == 1 else \
+                cast("Callable[[T, list[int]], list[T]]", split)(result, [b - a for a, b in ranges])
+            found.parts.extend((a, b, r) for (a, b), r in zip(ranges, results))
+            return False
+    if _count(ranges) == 1:
+        found.failures[ranges[0][0]] = failed
         return True
-    pieces = _pieces(start, stop)
-    any_failed = False
-    for i, (a, b) in enumerate(pieces):
-        presumed = i == len(pieces) - 1 and not any_failed and b - a > 1
-        any_failed |= _search(call, a, b, failed if presumed else None, found)
+    head, tail = _halves(ranges)
+    if not _search(call, head, None, found, pending, split):
+        # the failure is in the tail: split it without calling it (a single row is
+        # called, for its own exception)
+        _search(call, tail, failed if _count(tail) > 1 else None, found, pending, split)
+    elif pending is not None:
+        pending.extend(tail)  # called with the other pieces set aside, in one call
+    else:
+        _search(call, tail, None, found, pending, split)
     return True
 
 
-def first_failure(call: Callable[[int, int], object], start: int, stop: int,
+def _count(ranges: Ranges) -> int:
+    return sum(b - a for a, b in ranges)
+
+
+def _halves(ranges: Ranges) -> tuple[Ranges, Ranges]:
+    """``ranges`` cut in two of (about) half their rows each."""
+    half = _count(ranges) // 2
+    head: list[Range] = []
+    for i, (a, b) in enumerate(ranges):
+        if b - a >= half:
+            if half:
+                head.append((a, a + half))
+            tail = ([(a + half, b)] if b > a + half else []) + list(ranges[i + 1:])
+            return head, tail
+        head.append((a, b))
+        half -= b - a
+    return head, []
+
+
+def _merged(ranges: list[Range]) -> list[Range]:
+    """``ranges`` in row order, touching ones joined."""
+    out: list[Range] = []
+    for a, b in sorted(ranges):
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def first_failure(call: Callable[[Ranges], object], start: int, stop: int,
                   failed: BaseException) -> tuple[int, BaseException] | None:
     """The first row of ``start`` to ``stop`` on which ``call`` raises alone (with its
     exception), ``failed`` being what the whole range raised; None when no single part
     fails (the failure needs several rows together)."""
     if stop - start == 1:
         return start, failed
-    for a, b in _pieces(start, stop):
+    middle = start + (stop - start) // 2
+    for a, b in ((start, middle), (middle, stop)):
         try:
-            call(a, b)
+            call([(a, b)])
         except Exception as exc:
             return first_failure(call, a, b, exc)
     return None
-
-
-def _pieces(start: int, stop: int) -> list[tuple[int, int]]:
-    n = stop - start
-    k = min(FANOUT, n)
-    bounds = [start + (n * i) // k for i in range(k + 1)]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def reason(stage: str, exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence, cast
 import numpy as np
 
 from .. import flavour
-from .isolation import Isolated, RowFailure, first_failure, isolate
+from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
 from .options import DEFAULT_BATCH_SIZE
 from .signature import signature_of
 from .specs import Signature, empty_outputs
@@ -117,17 +117,30 @@ class Predictor:
         """Rows ``start`` to ``stop``'s outputs, the call having raised ``exc`` on them:
         the rows that raise alone recorded in ``failures`` (zeros in the outputs), or the
         first of them raised as a :class:`RowFailure`."""
-        def call(a: int, b: int) -> list[np.ndarray]:
-            return self._call([x[a:b] for x in arrays])
+        def call(ranges: Ranges) -> list[np.ndarray]:
+            return self._call([_rows(x, ranges) for x in arrays])
 
         if failures is None:
             first = first_failure(call, start, stop, exc)
             if first is None:
                 raise exc
             raise RowFailure(*first) from first[1]
-        found = isolate(call, start, stop, exc)
+        found = isolate(call, start, stop, exc, split=_split)
         failures.update(found.failures)
         return _with_placeholders(found, start, stop, self.signature)
+
+
+def _rows(x: np.ndarray, ranges: Ranges) -> np.ndarray:
+    """The rows of ``ranges`` of ``x``, one after the other (a view for one range)."""
+    if len(ranges) == 1:
+        return x[ranges[0][0]:ranges[0][1]]
+    return np.concatenate([x[a:b] for a, b in ranges])
+
+
+def _split(outputs: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarray]]:
+    """One call's outputs cut into those of consecutive rows of ``sizes``."""
+    bounds = np.cumsum([0, *sizes])
+    return [[out[a:b] for out in outputs] for a, b in zip(bounds, bounds[1:])]
 
 
 def _with_placeholders(found: Isolated[list[np.ndarray]], start: int, stop: int,

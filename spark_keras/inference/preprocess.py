@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from ..errors import ArgumentTypeError, PreprocessError
-from .isolation import columns_text, first_failure, isolate, reason_text
+from .isolation import Ranges, columns_text, first_failure, isolate, reason_text
 from .rows import RowNames
 
 if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with every handle
@@ -71,11 +71,12 @@ class Preprocess:
         frame = to_frame(columns)
         n = len(frame)
 
-        def call(a: int, b: int) -> Any:
+        def call(ranges: Ranges) -> Any:  # one range: isolate is not given a split
+            ((a, b),) = ranges
             return self.fn(frame if (a, b) == (0, n) else frame.iloc[a:b].reset_index(drop=True))
 
         try:
-            result = call(0, n)
+            result = call([(0, n)])
         except Exception as exc:  # a row fn cannot take, perhaps: find it
             if failures is None:
                 raise self._raised(call, n, exc, list(frame.columns),
@@ -101,7 +102,7 @@ class Preprocess:
                     f"input {col.name!r}, from a batch of {n} rows: it must return one row per row")
         return made
 
-    def _raised(self, call: Callable[[int, int], Any], n: int, exc: Exception,
+    def _raised(self, call: Callable[[Ranges], Any], n: int, exc: Exception,
                 columns: list[Any], names: RowNames) -> PreprocessError:
         """The error naming the first row ``fn`` raises on alone (the batch's rows when
         no single row fails)."""
