@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["SparkKerasError", "PayloadError", "StorageError", "LocalWriteError", "ModelInputError", "ModelCallError",
-           "InvalidRowsError", "ModelError",
-           "ArgumentError", "ArgumentTypeError", "PreprocessError", "MissingDependencyError"]
+__all__ = ["SparkKerasError", "PayloadError", "PayloadChangedError", "StorageError",
+           "LocalWriteError", "ModelInputError", "ModelCallError", "InvalidRowsError",
+           "ModelError", "ArgumentError", "ArgumentTypeError", "PreprocessError",
+           "MissingDependencyError"]
 
 
 class SparkKerasError(Exception):
@@ -13,6 +14,10 @@ class SparkKerasError(Exception):
 
 class PayloadError(SparkKerasError, ValueError):
     """A model payload is corrupted, truncated, incompatible or cannot be written."""
+
+
+class PayloadChangedError(PayloadError):
+    """A model file in storage is no longer the one the driver read (replaced since)."""
 
 
 class StorageError(SparkKerasError, OSError):

@@ -80,6 +80,20 @@ class ModelHandle:
         """Called in a worker before each use of the model: raise if this handle can no
         longer give one (released, say), and release what the driver said to release."""
 
+    def for_task(self) -> "ModelHandle":
+        """This handle as the version the running task scores with.
+
+        Returns:
+            The handle of that version (a front-end with versions); by default the
+            handle itself.
+        """
+        return self
+
+    @property
+    def version(self) -> str:
+        """The label of the model version this handle scores with."""
+        return "1"
+
     @property
     def preprocess(self) -> Preprocess | None:
         """The Python function run on each batch before the model (``preprocess=``)."""

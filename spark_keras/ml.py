@@ -94,6 +94,8 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
             it fails, see :meth:`BroadcastModel.predict_udf`.
         idCol: unset by default; a column naming each row in errors and ``errorCol``
             reasons (``row id=17``), see :meth:`BroadcastModel.transform`.
+        versionCol: unset by default; a string column with the label of the model
+            version that scored each row, see :meth:`BroadcastModel.update`.
         custom_objects: as for ``BroadcastModel``. Not saved: a loaded stage needs its
             custom classes registered where it is loaded.
         safe_mode: as for ``BroadcastModel``. Not saved: a loaded stage rebuilds with
@@ -110,7 +112,8 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
                  inputCols: list[str] | None = None, outputCol: str = "prediction",
                  batchSize: int = DEFAULT_BATCH_SIZE, onInvalid: str = "error",
                  errorCol: str | None = None, maxInvalid: float | None = None,
-                 idCol: str | None = None, custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
+                 idCol: str | None = None, versionCol: str | None = None,
+                 custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True, preprocess: Any = None) -> None:
         super().__init__()
         kwargs = dict(self._input_kwargs)
@@ -125,10 +128,11 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def setParams(self, *, inputCol: str | None = None, inputCols: list[str] | None = None,
                   outputCol: str | None = None, batchSize: int | None = None,
                   onInvalid: str | None = None, errorCol: str | None = None,
-                  maxInvalid: float | None = None, idCol: str | None = None) -> "KerasTransformer":
+                  maxInvalid: float | None = None, idCol: str | None = None,
+                  versionCol: str | None = None) -> "KerasTransformer":
         """setParams(self, \\*, inputCol=None, inputCols=None, outputCol=None, batchSize=None,
-        onInvalid=None, errorCol=None, maxInvalid=None, idCol=None): sets the params given (``None``
-        leaves a param as it is)."""
+        onInvalid=None, errorCol=None, maxInvalid=None, idCol=None, versionCol=None): sets the
+        params given (``None`` leaves a param as it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def setInputCol(self, value: str) -> "KerasTransformer":
@@ -162,6 +166,10 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def setIdCol(self, value: str) -> "KerasTransformer":
         """Sets the value of :py:attr:`idCol`."""
         return self._set(idCol=value)
+
+    def setVersionCol(self, value: str) -> "KerasTransformer":
+        """Sets the value of :py:attr:`versionCol`."""
+        return self._set(versionCol=value)
 
     # --- the model ---------------------------------------------------------------------
 
@@ -229,7 +237,8 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
         handle = self._require_source().handle_for(dataset.sparkSession, self.uid)
         return handle.transform(dataset, columns, output, batch_size=batch_size,
                                 on_invalid=on_invalid, error_col=error_col,
-                                max_invalid=max_invalid, id_col=self.getIdCol())
+                                max_invalid=max_invalid, id_col=self.getIdCol(),
+                                version_col=self.getVersionCol())
 
     # --- persistence -----------------------------------------------------------------------
 

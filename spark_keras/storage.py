@@ -134,8 +134,19 @@ def write_atomically(path: str, write: Callable[[BinaryIO], Any]) -> None:
 
 def size(location: str) -> int | None:
     """The size of the file at a local path or a URI; None if there is none."""
+    found = stamp(location)
+    return None if found is None else found[0]
+
+
+def stamp(location: str) -> tuple[int, int | None] | None:
+    """``(size, modification time in ns)`` of the file at a local path or a URI (the
+    time None where the store has none); None if there is no file. Cheap: no byte is
+    read."""
     if not is_uri(location):
-        return os.path.getsize(location) if os.path.isfile(location) else None
+        if not os.path.isfile(location):
+            return None
+        info = os.stat(location)
+        return info.st_size, info.st_mtime_ns
     import pyarrow.fs
 
     fs, path = _resolve(location)
@@ -143,4 +154,6 @@ def size(location: str) -> int | None:
         info = fs.get_file_info(path)
     except Exception as exc:
         raise StorageError(f"cannot open {location!r}: {exc}") from exc
-    return None if info.type == pyarrow.fs.FileType.NotFound else info.size
+    if info.type == pyarrow.fs.FileType.NotFound:
+        return None
+    return info.size, info.mtime_ns

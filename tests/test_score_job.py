@@ -129,6 +129,7 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     events.mkdir()
     proc = submit("--model", str(folder / "model.keras"), "--input", str(source),
                   "--output", str(out), "--features", "features", "--on-invalid", "null",
+                  "--version-col", "model_version", "--model-version", "2026-12-03",
                   TMPDIR=str(job_tmp),
                   SPARK_SUBMIT_OPTS=f"-Dspark.eventLog.enabled=true -Dspark.eventLog.compress="
                                     f"false -Dspark.eventLog.dir=file://{events}")
@@ -142,6 +143,7 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     assert scored["id"].tolist() == list(range(42)) + list(range(1000, 1006))
     invalid = scored["id"].isin([20, 21]) | (scored["id"] >= 1000)
     assert scored["prediction"].isna().tolist() == invalid.tolist()
+    assert set(scored["model_version"]) == {"2026-12-03"}  # every row, invalid ones too
     np.testing.assert_allclose(np.stack(scored["prediction"][~invalid].to_numpy()),
                                np.asarray(model(np.stack(good))), atol=1e-5)
     # the all-invalid file really was scored on its own (one output part holds it alone)

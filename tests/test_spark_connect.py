@@ -270,6 +270,33 @@ def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_pat
     assert not any(n.startswith(key) for names in after.values() for n in names), after
 
 
+def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tmp_path):
+    """As on classic Spark (tests/test_spark_versions.py): the workers ask this client
+    process which version each micro-batch scores with, and read new versions from it."""
+    from .test_spark_streaming import Source
+    from .test_spark_versions import _assert_scored_by, _sink, _stream
+
+    versions = [models.mlp(n_features=8, hidden=16, name=f"c{i}") for i in range(3)]
+    source = Source(tmp_path / "in")
+    bm = sk.BroadcastModel(connect, versions[0])
+    labels = ["1"]
+    query = _stream(connect, bm, source, str(tmp_path))
+    try:
+        for i, model in enumerate(versions):
+            if i:
+                labels.append(bm.update(model))
+            source.add(1)
+            query.processAllAvailable()
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    _assert_scored_by(_sink(connect, str(tmp_path)), source,
+                      {(label, model): [i] for i, (label, model) in enumerate(zip(labels, versions))})
+    caches = worker_caches(connect)
+    assert not any(bm.key in c["keys"] for c in caches.values() if f"{bm.key}.v3" in c["keys"]), caches
+    bm.destroy()
+
+
 @pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_custom_layer_from_main_on_connect(connect, tmp_path):
     connect.stop()  # the script starts its own local server, on the same port

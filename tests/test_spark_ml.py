@@ -370,6 +370,22 @@ def test_on_invalid_null(spark):
         stage.copy({stage.onInvalid: "error"}).transform(df).collect()
 
 
+def test_version_col_follows_the_stage_models_updates(spark):
+    """``versionCol``: the label of the version that scored each row, a new version
+    shipped through the stage's BroadcastModel taking over the same stage."""
+    v1, v2 = models.mlp(3, 8, 1, name="a"), models.mlp(3, 8, 1, name="b")
+    x = np.array([[1, 2, 3], [0.5, 0.5, 0.5]], "float32")
+    df = spark.createDataFrame([(i, r.tolist()) for i, r in enumerate(x)], "id long, f array<float>")
+    stage = KerasTransformer(model=v1, inputCol="f", versionCol="model_version")
+    first = stage.transform(df).orderBy("id").toPandas()
+    assert first["model_version"].tolist() == ["1", "1"]
+    assert stage.broadcastModel(spark).update(v2, version="b") == "b"
+    after = stage.transform(df).orderBy("id").toPandas()
+    assert after["model_version"].tolist() == ["b", "b"]
+    np.testing.assert_allclose(after["prediction"].to_numpy("float32"), np.asarray(v2(x))[:, 0], atol=1e-6)
+    assert stage.copy().getVersionCol() == "model_version"
+
+
 @keras.saving.register_keras_serializable(package="spark_keras_ml_tests")
 class Doubler(keras.layers.Layer):
     """A registered custom layer: a loaded stage finds it by name."""

@@ -3,6 +3,7 @@
     spark-keras score --model model.keras --input data.parquet --output scored.parquet \\
         --features features [--batch-size 1024] [--master local[*]] [--overwrite] \\
         [--on-invalid error|null [--error-col error] [--max-invalid N|F]] [--id-col id]
+        [--version-col model_version [--model-version LABEL]]
         [--metrics-json metrics.json] [--conf key=value ...] [--properties-file F] [--verbose]
 
     spark-submit --master yarn [--properties-file spark-defaults.conf] \\
@@ -96,6 +97,11 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--id-col", default=None, metavar="COLUMN",
                    help="a column naming each row (a record id) in errors and --error-col "
                         "reasons: 'row id=17' instead of 'row 10 of this batch'")
+    p.add_argument("--version-col", default=None, metavar="COLUMN",
+                   help="a string column with the label of the model version that scored "
+                        "each row (--model-version)")
+    p.add_argument("--model-version", default=None, metavar="LABEL",
+                   help="the model's version label, what --version-col says (default: 1)")
     p.add_argument("--max-invalid", type=float, default=None, metavar="N|F",
                    help="with --on-invalid null: the most invalid rows a task may give, a count "
                         "(>= 1) or a fraction (< 1) of its rows; beyond it the job fails")

@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> dict:
         try:  # a local path, or a URI the executors read from storage themselves
             with quiet_tensorflow_startup():  # start-up lines the log level hides
                 flavour.current()  # imports Keras and TensorFlow
-            handle = sk.BroadcastModel(spark, args.model, resize=args.resize)
+            handle = sk.BroadcastModel(spark, args.model, resize=args.resize,
+                                        version=args.model_version)
         except sk.SparkKerasError as exc:  # StorageError, PayloadError...
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
 
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
         scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
                                   on_invalid=args.on_invalid, error_col=args.error_col,
                                   observe=observation, max_invalid=args.max_invalid,
-                                  id_col=args.id_col)
+                                  id_col=args.id_col, version_col=args.version_col)
         started = time.perf_counter()
         _publish(scored, paths, args.output)
         seconds = time.perf_counter() - started

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Mapping
 
 from .. import flavour
-from ..errors import PayloadError, StorageError
+from ..errors import PayloadChangedError, PayloadError, StorageError
 from ..storage import copy, is_uri, read
 from . import codec, mapped, state
 from . import format as fmt
@@ -95,7 +95,7 @@ class StoredModel:
         if found != self.digest:
             what = "converts to a different payload here (another Keras version?)" \
                 if self.kind == "keras" else "changed in storage"
-            raise PayloadError(
+            raise PayloadChangedError(
                 f"model file {self.uri!r} {what} since the BroadcastModel was created: payload "
                 f"digest {found[:12]}..., expected {self.digest[:12]}...; create it again")
 

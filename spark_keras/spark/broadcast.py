@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -13,12 +14,12 @@ from ..handle import ModelHandle
 from ..inference.options import DEFAULT_BATCH_SIZE, check_resize
 from ..inference.predictor import predictor_for
 from ..inference.preprocess import Preprocess
-from ..inference.signature import Signature
+from ..inference.signature import Signature, signature_of
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel, open_model
-from . import resources
+from . import resources, task_version, version_server, versions
 from .environment import check_daemon
-from .transport import Transport, is_connect, transport_for
+from .transport import ServedTransport, Transport, is_connect, transport_for
 
 logger = logging.getLogger("spark_keras")
 
@@ -28,7 +29,7 @@ logger = logging.getLogger("spark_keras")
 # check_usable).
 _released: collections.deque[tuple[str, type[Transport]]] = collections.deque(maxlen=256)
 # In a worker: released keys already dropped here
-_dropped: set[str] = set()
+_dropped = task_version.dropped
 
 
 class BroadcastModel(ModelHandle):
@@ -91,8 +92,10 @@ class BroadcastModel(ModelHandle):
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True,
                  preprocess: Callable[[Any], Any] | None = None,
-                 resize: str | None = None) -> None:
+                 resize: str | None = None, version: str | None = None,
+                 refresh: float | None = None) -> None:
         self.resize = check_resize(resize)
+        label = versions.check_label(version, [])
         if not is_connect(spark):
             check_daemon(getattr(spark, "sparkContext", spark))
         model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
@@ -107,7 +110,22 @@ class BroadcastModel(ModelHandle):
         # the payload travels on its own (a broadcast, or a Connect artifact), so a
         # worker that finds it already on disk never unpickles it; the rest is small
         # and travels in the handle
-        self._transport = transport_for(spark, self._key, payload, stored)
+        self._custom_objects, self._safe_mode = custom_objects, safe_mode
+        # versions (see update): the driver's schedule answers the workers' tasks
+        server = self._server = version_server.server_for(lambda: _driver_host(spark))
+        self._versions: version_server.Address | None = server.address
+        self._version, self._index, self._first_label = label, 1, label
+        served = None
+        if stored is not None or is_connect(spark):  # see StorageTransport, ArtifactTransport
+            server.keep_payload(self._name, 1, payload)
+            served = ServedTransport(server.address, self._name, 1)
+        self._transport = transport_for(spark, self._key, payload, stored, served=served)
+        self._schedule: versions.Schedule | None = versions.Schedule(
+            versions.Version(1, label, self._name, len(payload)))
+        self._watch = versions.Watch(self, None if stored is None else stored.uri, refresh) \
+            if refresh is not None else None
+        server.register(self._name, self._schedule,
+                        None if self._watch is None else self._watch.check)
         self._recipe = shipment.without_payload()
         self._share_weights = share_weights
         self._preprocess = Preprocess.of(preprocess)
@@ -166,6 +184,9 @@ class BroadcastModel(ModelHandle):
         return predictor if placement.device == resources.CPU else resources.OnDevice(predictor, placement)
 
     def _placed(self) -> tuple[Any, resources.Placement]:
+        task = self.for_task()
+        if task is not self:
+            return task._placed()
         self.check_usable()
         placement = resources.task_placement()  # sizes TensorFlow's pools first, once
         key = self._key + placement.key_suffix
@@ -188,6 +209,81 @@ class BroadcastModel(ModelHandle):
         runtime = resources.prepare_runtime()
         return model, nbytes, memory, {**placement.describe(), "task_cpus": runtime.get("task_cpus"),
                                        "threads": runtime["threads"], **resources.thread_pools()}
+
+    # --- versions ---------------------------------------------------------------------
+
+    @property
+    def version(self) -> str:
+        """The label of the current version ("1", the constructor's ``version=``, or what
+        :meth:`update` returned); in a task, the version that task scores with."""
+        return self.for_task()._version
+
+    def update(self, model_or_path: Any, *, version: str | None = None,
+               custom_objects: Mapping[str, Any] | None = None) -> str:
+        """Ship a new version of the model through this handle; returns its label.
+
+        Every plan made with this handle scores with the new version from its next
+        micro-batch (a running Structured Streaming query: no restart) or action whose
+        tasks start after ``update`` returns; a micro-batch or action already running
+        keeps its version, and a micro-batch Spark runs again (a failure, a restart from
+        the checkpoint in this driver process) gets the version it was first scored
+        with. The workers ask the driver which version to use (see
+        :mod:`spark_keras.spark.versions`) and read a new version's payload from it,
+        or from storage for a URI; old versions are released once no micro-batch holds
+        them.
+
+        Args:
+            model_or_path: as for the constructor. It must take the same inputs and give
+                the same outputs (shapes, dtypes, names) as the current version: plans
+                made with this handle fixed their schema.
+            version: the new version's label (default: its number, "2", "3"...).
+            custom_objects: as for the constructor (default: the constructor's).
+
+        Returns:
+            The new version's label (what ``version_col`` then says).
+
+        Raises:
+            ArgumentError: the label is taken, or the model does not fit the current
+                version's inputs and outputs.
+        """
+        self.check_usable()
+        schedule = self._driver_schedule()
+        label = versions.check_label(version, schedule.labels(),
+                                     default=str(len(schedule.labels()) + 1))
+        objects = custom_objects if custom_objects is not None else self._custom_objects
+        model, payload, stored = _model_and_payload(model_or_path, objects, self._safe_mode)
+        versions.check_fits(self.signature, signature_of(model))
+        shipment = Shipment.of(model, custom_objects=objects, safe_mode=self._safe_mode,
+                               payload=payload)
+        index = max(schedule.versions) + 1
+        self._server.keep_payload(self._name, index, payload)
+        source = {"objects": version_server.objects_text(shipment.objects),
+                  "safe_mode": self._safe_mode,
+                  "stored": None if stored is None else dataclasses.asdict(stored)}
+        schedule.add(versions.Version(index, label, f"{self._name}.v{index}", len(payload), source))
+        self._model, self._version, self._index = model, label, index
+        logger.info("model %s: version %s shipped (%.1f MB payload)", self._name, label,
+                    len(payload) / 2**20)
+        return label
+
+    def _driver_schedule(self) -> versions.Schedule:
+        if self._schedule is None:
+            raise SparkKerasError("update() is for the driver: this BroadcastModel was unpickled "
+                                  "in a worker")
+        return self._schedule
+
+    def for_task(self) -> "BroadcastModel":
+        """This handle as the version the running Spark task scores with.
+
+        Returns:
+            In a task, the handle of the version the driver pinned the task's micro-batch
+            or action to (asked once per process and micro-batch or action); elsewhere,
+            this handle.
+        """
+        if self._model is not None or self._versions is None:
+            return self
+        in_task, scope = task_version.task_scope()
+        return task_version.version_for(self, scope) if in_task else self
 
     # --- inference helpers -----------------------------------------------------------
 
@@ -230,7 +326,7 @@ class BroadcastModel(ModelHandle):
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
                   profile: Any = None, error_col: str | None = None,
                   observe: Any = None, max_invalid: float | None = None,
-                  id_col: str | None = None) -> Any:
+                  id_col: str | None = None, version_col: str | None = None) -> Any:
         """Score ``df``, with zero-copy Arrow-to-numpy conversion.
 
         On PySpark >= 4.1 only the input columns travel to Python and only the new
@@ -263,9 +359,12 @@ class BroadcastModel(ModelHandle):
             max_invalid: as in :meth:`predict_udf`.
             id_col: a column naming each row (a record id): errors and ``error_col``
                 reasons say ``row id=17`` instead of ``row 10 of this batch``.
+            version_col: a string column added too: the label of the model version
+                that scored the row (see :meth:`update`).
 
         Returns:
-            ``df`` with every column kept plus ``output_col`` (and ``error_col``).
+            ``df`` with every column kept plus ``output_col`` (and ``error_col``,
+            ``version_col``).
 
         Raises:
             ModelInputError: on the driver, for input columns the schema already shows
@@ -277,7 +376,8 @@ class BroadcastModel(ModelHandle):
         self.check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                                  on_invalid=on_invalid, profile=profile, error_col=error_col,
-                                 observe=observe, max_invalid=max_invalid, id_col=id_col)
+                                 observe=observe, max_invalid=max_invalid, id_col=id_col,
+                                 version_col=version_col)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
                           on_invalid: str = "error", max_invalid: float | None = None,
@@ -338,25 +438,47 @@ class BroadcastModel(ModelHandle):
         self._released = True
         self._model = None
         self._transport.destroy(blocking)
+        if self._schedule is not None:
+            self._server.forget(self._name)
+            self._schedule = None
 
     def _release_key(self) -> None:
         """Workers drop the model and the executor's file for the current key when
         they next use a handle (any BroadcastModel's); the files go with the executor
         at the latest."""
         _released.append((self._key, type(self._transport)))
+        if self._schedule is not None:  # and the versions update shipped
+            _released.extend((v.key, ServedTransport) for v in self._schedule.versions.values()
+                             if v.index > 1)
 
     # --- pickling (what a closure or a broadcast structure carries) ----------------------
 
     def __getstate__(self) -> dict[str, Any]:
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
-        state = dict(self.__dict__, _model=None, _stale=tuple(_released))
+        state = dict(self.__dict__, _model=None, _stale=tuple(_released), _schedule=None,
+                     _watch=None, _custom_objects=None, _server=None,
+                     # a worker's handle is the first version (its own transport and
+                     # recipe); the one current when it was pickled is asked for
+                     _version=self._first_label, _index=1, _planned=self._index)
         state["_signature"] = self.signature
         return state
 
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
+
+
+def _driver_host(spark: Any) -> str:
+    """This driver's address as its executors reach it (:mod:`.version_server`)."""
+    import socket
+
+    if is_connect(spark):
+        if getattr(spark.client, "host", None) in (None, "localhost", "127.0.0.1", "::1"):
+            return "127.0.0.1"  # a local Connect server: its executors are on this machine
+        return socket.gethostbyname(socket.gethostname())
+    sc = getattr(spark, "sparkContext", spark)
+    return socket.gethostbyname(sc.getConf().get("spark.driver.host") or socket.gethostname())
 
 
 def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,

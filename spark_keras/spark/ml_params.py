@@ -80,6 +80,12 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
         "by its value (row id=17) instead of its place in a batch",
         typeConverter=TypeConverters.toString)
 
+    versionCol: "Param[str]" = Param(
+        Params._dummy(), "versionCol",
+        "a string column added with the label of the model version that scored each row "
+        "(see BroadcastModel.update)",
+        typeConverter=TypeConverters.toString)
+
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(outputCol="prediction", batchSize=DEFAULT_BATCH_SIZE, onInvalid="error")
@@ -99,6 +105,10 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
     def getIdCol(self) -> str | None:
         """Gets the value of idCol (None: not set, rows named by their place)."""
         return self.getOrDefault(self.idCol) if self.isDefined(self.idCol) else None
+
+    def getVersionCol(self) -> str | None:
+        """Gets the value of versionCol (None: not set, no version column)."""
+        return self.getOrDefault(self.versionCol) if self.isDefined(self.versionCol) else None
 
     def getMaxInvalid(self) -> float | int | None:
         """Gets the value of maxInvalid (None: not set, no limit); a count as an int."""

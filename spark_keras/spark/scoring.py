@@ -124,9 +124,11 @@ _HIDDEN = (_BUILDS, _BUILD_SECONDS)
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               output_col: str, *, batch_size: int, on_invalid: str = "error",
               profile: Any = None, error_col: str | None = None, observe: Any = None,
-              max_invalid: float | None = None, id_col: str | None = None) -> Any:
+              max_invalid: float | None = None, id_col: str | None = None,
+              version_col: str | None = None) -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
-    scored rows; it needs ``on_invalid="null"``), observed as ``observe`` (an
+    scored rows; it needs ``on_invalid="null"``; and ``version_col``: the label of the
+    model version that scored each row), observed as ``observe`` (an
     ``Observation`` or a name) with :data:`METRICS` if given; each task fails once its
     invalid rows pass ``max_invalid`` (:mod:`spark_keras.inference.limits`). Errors and
     reasons name a row by its ``id_col`` value if given.
@@ -160,6 +162,9 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     if error_col is not None:
         _check_error_col(error_col, on_invalid, output_col, columns)
         fields.append(StructField(error_col, StringType()))
+    if version_col is not None:
+        _check_new_col("version", version_col, [output_col, error_col], columns)
+        fields.append(StructField(version_col, StringType()))
     if observe is not None:
         from pyspark.sql.types import DoubleType, LongType
 
@@ -170,7 +175,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     score_batches = functools.partial(_scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
                                       figures=observe is not None, max_invalid=max_invalid,
-                                      id_col=id_col)
+                                      id_col=id_col, version=version_col is not None)
     udf = None if profile is not None else _arrow_udf_of(score_batches, len(sent), fields)
     if udf is not None:
         return _with_udf_columns(df, udf, sent, fields, observe)
@@ -195,12 +200,14 @@ def _scored_columns(handle: ModelHandle, names: list[str],
                     batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
                     on_invalid: str, reasons: bool, figures: bool,
                     max_invalid: float | None = None,
-                    id_col: str | None = None) -> Iterator[list[pa.Array]]:
+                    id_col: str | None = None, version: bool = False) -> Iterator[list[pa.Array]]:
     """Per batch of input columns (in ``names`` order, then ``id_col``'s values, which
     name the rows in errors and reasons): the prediction, the reasons
-    (``reasons``) and the hidden figures columns (``figures``: the builds this process
-    made for this query that this stage has not reported, see :mod:`.figures`). The
-    batches are one task's: its invalid rows are held against ``max_invalid``."""
+    (``reasons``), the version's label (``version``) and the hidden figures columns
+    (``figures``: the builds this process made for this query that this stage has not
+    reported, see :mod:`.figures`). The batches are one task's, scored by one version
+    of the model: its invalid rows are held against ``max_invalid``."""
+    handle = handle.for_task()
     budget = InvalidBudget(max_invalid)
     if figures:
         query, stage = build_figures.task_ids()
@@ -214,6 +221,8 @@ def _scored_columns(handle: ModelHandle, names: list[str],
         out = [to_arrow(scored)]
         if reasons:
             out.append(_reasons(scored))
+        if version:
+            out.append(pa.repeat(handle.version, scored.rows))
         if figures:
             now = build_figures.builds_of(handle.key)
             build_figures.ledger.add(handle.key, query, now[0] - seen[0], now[1] - seen[1])
@@ -311,9 +320,16 @@ def _column(name: str) -> Any:
 def _check_error_col(error_col: Any, on_invalid: str, output_col: str,
                      columns: Sequence[str]) -> None:
     check_error_col(error_col, on_invalid)
-    if error_col == output_col or error_col in columns:
-        raise ModelInputError(f"error column {error_col!r} already exists in the DataFrame "
-                              f"or is the output column")
+    _check_new_col("error", error_col, [output_col], columns)
+
+
+def _check_new_col(what: str, name: Any, taken: list[str | None], columns: Sequence[str]) -> None:
+    """A column ``transform`` adds (``what``: error, version) must be a new name."""
+    if not isinstance(name, str) or not name:
+        raise ArgumentTypeError(f"{what}_col must be a non-empty column name, not {name!r}")
+    if name in taken or name in columns:
+        raise ModelInputError(f"{what} column {name!r} already exists in the DataFrame "
+                              f"or is another column transform adds")
 
 
 def _check_observe(observe: Any) -> None:
@@ -351,6 +367,7 @@ def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
     budget = InvalidBudget(check_max_invalid(max_invalid, on_invalid))
+    handle = handle.for_task()  # one version for the whole partition
     signature = handle.predictor.signature  # this process's model's (input names)
     buffer: list[Any] = []
     position = 0

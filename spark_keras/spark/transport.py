@@ -27,7 +27,7 @@ import tempfile
 from typing import Any
 
 from .. import flavour
-from ..errors import PayloadError, SparkKerasError
+from ..errors import PayloadChangedError, PayloadError, SparkKerasError
 from ..payload import host_file
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
@@ -44,14 +44,15 @@ def is_connect(spark: Any) -> bool:
     return isinstance(spark, ConnectSession)
 
 
-def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | None = None
-                  ) -> "Transport":
+def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | None = None,
+                  served: "ServedTransport | None" = None) -> "Transport":
     """How ``payload`` reaches ``spark``'s executors: from storage if the model has a
-    URI (``stored``), else as a broadcast (classic) or a session artifact (Connect)."""
+    URI (``stored``; from the driver, ``served``, once the file there changed), else as
+    a broadcast (classic) or a session artifact (Connect)."""
     if stored is not None:
-        return StorageTransport(stored, rdds=not is_connect(spark))
+        return StorageTransport(stored, rdds=not is_connect(spark), served=served)
     if is_connect(spark):
-        return ArtifactTransport.upload(spark, key, payload)
+        return ArtifactTransport.upload(spark, key, payload, served)
     return BroadcastTransport(getattr(spark, "sparkContext", spark), payload)
 
 
@@ -195,25 +196,31 @@ def _forget_loaded_value(broadcast: Any) -> None:
 class ArtifactTransport(Transport):
     """The payload as a Spark Connect session artifact named ``name``. Connect cannot
     remove an artifact: it stays until the session ends, and after ``unpersist()``
-    workers rebuild from the same file."""
+    workers rebuild from the same file. Tasks of a streaming query do not see the
+    session's artifacts: with ``served`` (the client's copy, :mod:`.version_server`)
+    they read the payload from the client instead."""
 
     name: str
+    served: "ServedTransport | None" = None
     rdds = False
 
     @classmethod
-    def upload(cls, spark: Any, key: str, payload: bytes) -> "ArtifactTransport":
+    def upload(cls, spark: Any, key: str, payload: bytes,
+               served: "ServedTransport | None" = None) -> "ArtifactTransport":
         name = f"{key}{host_file.SUFFIX}"
         with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
             path = os.path.join(tmp, name)
             with open(path, "wb") as f:
                 f.write(payload)
             spark.addArtifacts(path, file=True)
-        return cls(name)
+        return cls(name, served)
 
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
         from pyspark import SparkFiles
 
         path = SparkFiles.get(self.name)
+        if not os.path.isfile(path) and self.served is not None:
+            return self.served.build(recipe, key, nbytes, share_weights)
         if not os.path.isfile(path):
             raise SparkKerasError(
                 f"the model artifact {self.name!r} is not on this executor ({path}): Spark "
@@ -237,32 +244,84 @@ class ArtifactTransport(Transport):
 class StorageTransport(Transport):
     """The payload read by each executor straight from storage (``stored.uri``). Nothing
     to renew (workers read the file again under the handle's new key) or release but
-    the executors' files (removed by :meth:`forget`)."""
+    the executors' files (removed by :meth:`forget`). With ``served`` (the driver's copy
+    of the payload it read), a file replaced in storage since is read from the driver
+    instead: a job planned with one version keeps it."""
 
     stored: StoredModel
     rdds: bool = True
+    served: "ServedTransport | None" = None
 
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
         objects = recipe.custom_objects()
 
         def write(out: Any) -> None:
-            self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
+            try:
+                self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
+            except PayloadChangedError as exc:
+                if self.served is None:
+                    raise
+                logger.info("%s; reading the version this job was planned with from the "
+                            "driver", exc)
+                out.seek(0)
+                out.truncate()
+                self.served.write(out)
 
         def in_memory() -> bytes:  # if the executor's folder cannot be written
-            return self.stored.read_payload(custom_objects=objects, safe_mode=recipe.safe_mode)
+            try:
+                return self.stored.read_payload(custom_objects=objects, safe_mode=recipe.safe_mode)
+            except PayloadChangedError:
+                if self.served is None:
+                    raise
+                return self.served.read()
 
-        share = share_weights and flavour.current().shares_weights
-        folder = executor_folder()
         try:
-            if folder is not None:
-                _join_executor_file(folder, key)
-                return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share,
-                                           fallback=in_memory)
-            with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
-                return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False,
-                                           fallback=in_memory)
+            return _build_written(recipe, key, nbytes, share_weights, write, in_memory)
         except PayloadError as exc:
             if self.stored.uri in str(exc):
                 raise
             raise PayloadError(f"the model read from {self.stored.uri!r} cannot be loaded: "
                                f"{exc}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedTransport(Transport):
+    """A version's payload read from the driver (:mod:`.version_server`): the versions
+    ``update`` shipped. The first worker of an executor that needs it writes it to the
+    executor's folder; every worker maps that file."""
+
+    address: Any  # version_server.Address
+    name: str
+    index: int
+
+    def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
+        return _build_written(recipe, key, nbytes, share_weights, self.write, self.read)
+
+    def write(self, out: Any) -> None:
+        from . import version_server
+
+        version_server.download(self.address, self.name, self.index, out)
+        out.flush()
+
+    def read(self) -> bytes:
+        import io
+
+        buffer = io.BytesIO()
+        self.write(buffer)
+        return buffer.getvalue()
+
+
+def _build_written(recipe: Shipment, key: str, nbytes: int, share_weights: bool,
+                   write: Any, in_memory: Any) -> tuple:
+    """``(model, nbytes, memory)`` built on the executor's file of ``key``, which the
+    first worker writes with ``write(file)`` (``in_memory()``: the payload, if the
+    folder cannot be written)."""
+    share = share_weights and flavour.current().shares_weights
+    folder = executor_folder()
+    if folder is not None:
+        _join_executor_file(folder, key)
+        return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share,
+                                   fallback=in_memory)
+    with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
+        return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False,
+                                   fallback=in_memory)

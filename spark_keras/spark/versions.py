@@ -1,0 +1,198 @@
+"""Which version of a BroadcastModel each Spark task scores with (kept on the driver).
+
+A Spark plan carries a handle as it was pickled when the plan was made, and a streaming
+query keeps its plan for its whole life, so a new version cannot travel in the plan:
+each task asks the driver (:mod:`.version_server`) which version its *scope* uses, and
+the driver's :class:`Schedule` of that handle answers. The first task of a scope to ask
+pins the scope to the version current then; every later task of it gets the same one:
+
+* a micro-batch of a streaming query, ``stream:<query id>:<batch id>``: a micro-batch
+  that Spark runs again (a failed task, or the query restarted from its checkpoint in
+  this driver process) gets the version it was first scored with, so the file sink's
+  exactly-once output holds;
+* a batch action (one SQL execution, every stage of it), ``sql:<execution id>``;
+* an RDD job, ``stage:<stage id>`` (a retried stage keeps its id).
+
+A version is *released* once it is not current and no micro-batch that could still run
+holds it (a micro-batch is done once a later micro-batch of its query has asked): the
+workers that learn of it drop its model and the executors' file of its payload. Batch
+actions do not hold a version: one in flight when its version is released rebuilds it
+(from the driver's copy) where a worker dropped it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+from .. import storage
+from ..errors import ArgumentError, ArgumentTypeError
+from ..inference.specs import Signature
+
+logger = logging.getLogger("spark_keras")
+
+# pins kept per handle: a micro-batch re-run after more than this many later scopes
+# asked gets the current version
+MAX_PINS = 10_000
+# the task's local properties a scope is made of
+SCOPE_PROPERTIES = ("sql.streaming.queryId", "streaming.sql.batchId", "spark.sql.execution.id")
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+    """One version of a handle's model: its ``label`` (what ``version_col`` says), the
+    cache ``key`` workers build it under, its payload's size, and how it reaches the
+    workers (``source``: a dict the worker's transport is made from; None for the
+    handle's own first version, which travels with the handle)."""
+
+    index: int
+    label: str
+    key: str
+    nbytes: int
+    source: dict[str, Any] | None = None
+
+
+def scope_of(properties: dict[str, str | None], stage: int | None) -> str | None:
+    """The scope of a task with these local properties and stage id (None outside one)."""
+    query, batch = properties.get("sql.streaming.queryId"), properties.get("streaming.sql.batchId")
+    if query is not None and batch is not None:
+        return f"stream:{query}:{batch}"
+    execution = properties.get("spark.sql.execution.id")
+    if execution is not None:
+        return f"sql:{execution}"
+    return None if stage is None else f"stage:{stage}"
+
+
+class Schedule:
+    """A handle's versions on the driver: the current one, and the scopes pinned."""
+
+    def __init__(self, first: Version) -> None:
+        self._lock = threading.Lock()
+        self.versions: dict[int, Version] = {first.index: first}
+        self.current = first.index
+        self._pins: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # per streaming query: its latest micro-batch that asked
+        self._latest_batch: dict[str, int] = {}
+
+    def add(self, version: Version) -> None:
+        """Make ``version`` current: scopes that ask from now on get it."""
+        with self._lock:
+            self.versions[version.index] = version
+            self.current = version.index
+
+    def labels(self) -> list[str]:
+        with self._lock:
+            return [v.label for v in self.versions.values()]
+
+    def is_pinned(self, scope: str) -> bool:
+        with self._lock:
+            return scope in self._pins
+
+    def pin(self, scope: str | None) -> Version:
+        """The version ``scope`` scores with (the current one for a new scope, or none)."""
+        with self._lock:
+            if scope is None:
+                return self.versions[self.current]
+            index = self._pins.get(scope)
+            if index is None:
+                index = self._pins[scope] = self.current
+                if len(self._pins) > MAX_PINS:
+                    self._pins.popitem(last=False)
+                stream = _stream_batch(scope)
+                if stream is not None:
+                    query, batch = stream
+                    self._latest_batch[query] = max(batch, self._latest_batch.get(query, batch))
+            return self.versions[index]
+
+    def released(self) -> list[Version]:
+        """The versions no task needs any more: not current, and held by no micro-batch
+        that could still run (one whose query has a later micro-batch is done)."""
+        with self._lock:
+            held = {self.current}
+            for scope, index in self._pins.items():
+                stream = _stream_batch(scope)
+                if stream is not None and stream[1] >= self._latest_batch.get(stream[0], -1):
+                    held.add(index)
+            return [v for i, v in self.versions.items() if i not in held]
+
+
+def _stream_batch(scope: str) -> tuple[str, int] | None:
+    """``(query id, batch id)`` of a micro-batch's scope, else None."""
+    if not scope.startswith("stream:"):
+        return None
+    _, query, batch = scope.split(":")
+    return query, int(batch)
+
+
+def check_label(version: Any, taken: list[str], default: str = "1") -> str:
+    """``version`` as a new label (``default`` if None)."""
+    if version is None:
+        return default
+    if not isinstance(version, str) or not version:
+        raise ArgumentTypeError(f"version must be a non-empty string, not {version!r}")
+    if version in taken:
+        raise ArgumentError(f"version {version!r} was shipped already (versions: {taken})")
+    return version
+
+
+def check_fits(current: Signature, new: Signature) -> None:
+    """Refuse a version whose inputs or outputs differ from the current one's: plans
+    made with the handle fixed their columns' types."""
+    def described(specs: Any) -> list[tuple]:
+        return [(tuple(s.shape), str(s.dtype)) for s in specs]
+
+    problems = []
+    if described(current.inputs) != described(new.inputs) or \
+            current.input_structure != new.input_structure:
+        problems.append(f"inputs {described(new.inputs)}, the current version's "
+                        f"{described(current.inputs)}")
+    if described(current.outputs) != described(new.outputs) or \
+            current.output_names != new.output_names:
+        problems.append(f"outputs {described(new.outputs)}, the current version's "
+                        f"{described(current.outputs)}")
+    if problems:
+        raise ArgumentError(f"the new version does not fit the plans made with this "
+                            f"BroadcastModel: {'; '.join(problems)}; ship it in a new "
+                            f"BroadcastModel instead")
+
+
+class Watch:
+    """A model file at a URI checked at most every ``refresh`` seconds (at the
+    boundaries of micro-batches and actions, see :mod:`.version_server`): when its size
+    or time changed and then its bytes, ``handle.update(uri)``."""
+
+    def __init__(self, handle: Any, uri: str | None, refresh: float) -> None:
+        if uri is None:
+            raise ArgumentError("refresh= watches a model file given as a URI "
+                                "(file://, s3://...); this model was not")
+        if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh < 0:
+            raise ArgumentTypeError(f"refresh must be a number of seconds >= 0, not {refresh!r}")
+        self._handle = weakref.ref(handle)
+        self._uri, self._refresh = uri, float(refresh)
+        self._stamp = storage.stamp(uri)
+        self._digest = hashlib.sha256(storage.read(uri)).hexdigest()
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        with self._lock:
+            handle = self._handle()
+            if handle is None or time.monotonic() - self._checked < self._refresh:
+                return
+            self._checked = time.monotonic()
+            stamp = storage.stamp(self._uri)
+            if stamp is None or stamp == self._stamp:
+                return
+            self._stamp = stamp
+            digest = hashlib.sha256(storage.read(self._uri)).hexdigest()
+            if digest == self._digest:
+                return
+            self._digest = digest
+            label = handle.update(self._uri)
+            logger.info("model file %s changed: version %s", self._uri, label)
