@@ -1,7 +1,7 @@
 """`python -m bench [--quick] [--only SECTION,...] [--write]`.
 
 Sections: payload, scoring, memory, dask, coldstart, frontends, inputs, threads,
-operations, isolation.
+operations, isolation, keyed.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -111,9 +111,18 @@ def _isolation(args: argparse.Namespace) -> Shown:
             targets.isolation_targets(rows))
 
 
+def _keyed(args: argparse.Namespace) -> Shown:
+    from . import keyed_bench
+
+    rows, memory = keyed_bench.run_all(quick=args.quick)
+    return ({"keyed": rows, "keyed_memory": memory}, TITLES["keyed"],
+            [table(rows, floatfmt="{:,.3f}"), table(memory, floatfmt="{:,.2f}")],
+            targets.keyed_targets(rows))
+
+
 RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
            "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-           "isolation": _isolation}
+           "isolation": _isolation, "keyed": _keyed}
 SECTIONS = tuple(RUNNERS)
 
 

@@ -11,6 +11,7 @@ from .targets import (
     coldstart_targets,
     inputs_targets,
     isolation_targets,
+    keyed_targets,
     memory_targets,
     payload_targets,
     scoring_targets,
@@ -27,6 +28,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "threads": "## TensorFlow thread pools per Python worker: the task's CPUs vs all cores",
     "operations": "## Operating a scoring job: transform with error_col and observe vs without",
     "isolation": "## Rows that make the model raise: transform with row isolation vs without",
+    "keyed": "## Many models in one job: KeyedModels vs one BroadcastModel per key",
 }
 RUN_PREFIX = "_Measured by "
 
@@ -271,9 +273,25 @@ def _isolation(results: dict) -> list[str]:
         *isolation_targets(results["isolation"]), ""]
 
 
+def _keyed(results: dict) -> list[str]:
+    return [
+        "Twelve scoring MLPs (64-256-256-1, each its own weights) on local[2], 20,000 rows "
+        "per key (240,000 rows of 64 features), noop sink: twelve `BroadcastModel.transform` "
+        "queries, each on the rows of its key (`df.where(key == k)` of one cached frame, the "
+        "way it is done by hand), against one `KeyedModels.transform` on the frame clustered "
+        "by key (`repartition(8, \"key\").sortWithinPartitions(\"key\")`, cached) and on the "
+        "frame in random key order (every batch holds every key; the workers' cache keeps 4 "
+        "models by default). The modes interleaved after a warm-up of each, 4 rounds. Then "
+        "the executor's payload folder (local[2]: one executor): one file per model. "
+        "Target: clustered at 0.8x the twelve transforms or better.", "",
+        table(results["keyed"], floatfmt="{:,.3f}"), "",
+        table(results["keyed_memory"], floatfmt="{:,.2f}"), "",
+        *keyed_targets(results["keyed"]), ""]
+
+
 BODIES = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-          "isolation": _isolation}
+          "isolation": _isolation, "keyed": _keyed}
 
 
 def _sections(results: dict, docs: str) -> dict[str, list[str]]:

@@ -159,3 +159,14 @@ def isolation_targets(rows: list[dict]) -> list[str]:
             out.append(_target(f"{r['model']}: 1 failing row per 10,000 >= "
                                f"{FAILING_ISOLATION:g}x clean", ratio, ratio >= FAILING_ISOLATION))
     return out
+
+
+KEYED_CLUSTERED = 0.8  # KeyedModels on rows clustered by key against 12 separate transforms
+
+
+def keyed_targets(rows: list[dict]) -> list[str]:
+    """KeyedModels on clustered rows at 0.8x the twelve hand-made transforms or better."""
+    return [_target(f"KeyedModels on rows clustered by key >= {KEYED_CLUSTERED:g}x 12 separate "
+                    f"transforms", r["x 12 transforms, median of rounds"],
+                    r["x 12 transforms, median of rounds"] >= KEYED_CLUSTERED)
+            for r in rows if r["mode"].endswith("clustered")]

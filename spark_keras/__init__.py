@@ -39,12 +39,17 @@ def _has_pyspark() -> bool:
 # installed, and works without it
 if _has_pyspark():
     __all__.append("BroadcastModel")
+    __all__.append("KeyedModels")
 
 
 def __getattr__(name: str):
-    # BroadcastModel needs PySpark; import it only when asked for.
+    # BroadcastModel and KeyedModels need PySpark; import them only when asked for.
     if name == "BroadcastModel":
         from .spark import BroadcastModel
 
         return BroadcastModel
+    if name == "KeyedModels":
+        from .spark.keyed import KeyedModels
+
+        return KeyedModels
     raise AttributeError(f"module 'spark_keras' has no attribute {name!r}")

@@ -140,6 +140,18 @@ def test_bench_isolation_quick_times_every_mode_of_both_models():
     assert "1 failing row per 10,000 >= 0.8x clean" in out  # the targets
 
 
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
+def test_bench_keyed_quick_times_every_mode_and_counts_one_file_per_model():
+    from bench import keyed_bench
+
+    out = _quick_bench("keyed", timeout=900)
+    rows = _printed_table(out, "x 12 transforms, median of rounds")
+    assert [r["mode"] for r in rows] == list(keyed_bench.MODES)
+    memory = _printed_table(out, "executor payload files")
+    assert memory[0]["executor payload files"] == str(keyed_bench.KEYS)
+    assert "KeyedModels on rows clustered by key >= 0.8x" in out  # the target
+
+
 def test_a_partial_write_keeps_the_other_sections(tmp_path):
     # a file from before sections recorded their runs: the header names the run
     (tmp_path / "benchmarks.md").write_text(

@@ -227,7 +227,7 @@ def test_wheel_python_keras_and_hub_requirements(installed):
 
 def test_a_star_import_works_without_pyspark():
     """``from spark_keras import *`` without the spark extra gives everything but
-    BroadcastModel; with PySpark it gives BroadcastModel too; every error class the
+    BroadcastModel and KeyedModels; with PySpark it gives them too; every error class the
     package raises is exported."""
     import spark_keras.errors
 
@@ -237,10 +237,10 @@ def test_a_star_import_works_without_pyspark():
     assert without.returncode == 0, without.stderr[-3000:]
     names = set(eval(without.stdout.strip().splitlines()[-1]))
     assert set(spark_keras.errors.__all__) <= names, set(spark_keras.errors.__all__) - names
-    assert "BroadcastModel" not in names and "dumps" in names, names
+    assert not {"BroadcastModel", "KeyedModels"} & names and "dumps" in names, names
     with_spark = run_python(show)
     assert with_spark.returncode == 0, with_spark.stderr[-3000:]
-    assert set(eval(with_spark.stdout.strip().splitlines()[-1])) == names | {"BroadcastModel"}
+    assert set(eval(with_spark.stdout.strip().splitlines()[-1])) == names | {"BroadcastModel", "KeyedModels"}
 
 
 def installed_env(installed: dict, **env: str) -> dict:

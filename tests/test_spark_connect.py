@@ -297,6 +297,22 @@ def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tm
     bm.destroy()
 
 
+def test_keyed_models_on_connect(connect):
+    from .test_spark_keyed import _assert_exact, _frame, _rows
+
+    by_key = {k: models.mlp(n_features=4, hidden=8, name=f"model_{k}") for k in ("a", "b", "c")}
+    km = sk.KeyedModels(connect, by_key)
+    try:
+        rows = _rows(["a", "b", "c"]) + [(9_999, "zz", [0.0] * 4)]
+        out = km.transform(_frame(connect, rows), "features", key="key", on_invalid="null",
+                           error_col="error").toPandas()
+        assert len(out) == len(rows)
+        _assert_exact(out[out.key != "zz"], by_key)
+        assert out[out.key == "zz"].error.tolist() == ["key: no model for key 'zz'"]
+    finally:
+        km.destroy()
+
+
 @pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
 def test_custom_layer_from_main_on_connect(connect, tmp_path):
     connect.stop()  # the script starts its own local server, on the same port

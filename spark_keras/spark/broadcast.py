@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
-from ..errors import SparkKerasError
+from ..errors import ArgumentTypeError, SparkKerasError
 from ..handle import ModelHandle
 from ..inference.options import DEFAULT_BATCH_SIZE, check_resize
 from ..inference.predictor import predictor_for
@@ -79,6 +79,16 @@ class BroadcastModel(ModelHandle):
             interpolation=...)`` does (PIL, the ``images`` extra); None (default): such
             rows are invalid. Channels are always converted to the input's (gray, RGB,
             RGBA) as ``load_img(color_mode=...)`` converts them.
+        version: the first version's label (default "1"; see :meth:`update`).
+        refresh: for a model given as a URI: check the file at most every ``refresh``
+            seconds, at micro-batch and action boundaries, and :meth:`update` to it when
+            it changed (see :meth:`update`).
+        ship: how the payload reaches the executors: ``"auto"`` (default: a URI from
+            storage; on Spark Connect a session artifact; else a broadcast) or
+            ``"driver"``: each executor reads it from the driver
+            (:mod:`~spark_keras.spark.version_server`) when a worker there first needs
+            it; it never passes through a JVM heap, and executors that never use the
+            model never fetch it (:class:`~spark_keras.KeyedModels` ships that way).
 
     Example::
 
@@ -93,7 +103,7 @@ class BroadcastModel(ModelHandle):
                  share_weights: bool = True,
                  preprocess: Callable[[Any], Any] | None = None,
                  resize: str | None = None, version: str | None = None,
-                 refresh: float | None = None) -> None:
+                 refresh: float | None = None, ship: str = "auto") -> None:
         self.resize = check_resize(resize)
         label = versions.check_label(version, [])
         if not is_connect(spark):
@@ -112,14 +122,19 @@ class BroadcastModel(ModelHandle):
         # and travels in the handle
         self._custom_objects, self._safe_mode = custom_objects, safe_mode
         # versions (see update): the driver's schedule answers the workers' tasks
-        server = self._server = version_server.server_for(lambda: _driver_host(spark))
+        server = self._server = version_server.server_for(
+            lambda: version_server.driver_host(spark, is_connect(spark)))
         self._versions: version_server.Address | None = server.address
         self._version, self._index, self._first_label = label, 1, label
+        if ship not in ("auto", "driver"):
+            raise ArgumentTypeError(f"ship must be 'auto' or 'driver', not {ship!r}")
         served = None
-        if stored is not None or is_connect(spark):  # see StorageTransport, ArtifactTransport
+        if stored is not None or is_connect(spark) or ship == "driver":
+            # the driver keeps the payload: see StorageTransport, ArtifactTransport
             server.keep_payload(self._name, 1, payload)
             served = ServedTransport(server.address, self._name, 1)
-        self._transport = transport_for(spark, self._key, payload, stored, served=served)
+        self._transport: Transport = transport_for(spark, self._key, payload, stored, served=served) \
+            if served is None or ship != "driver" or stored is not None else served
         self._schedule: versions.Schedule | None = versions.Schedule(
             versions.Version(1, label, self._name, len(payload)))
         self._watch = versions.Watch(self, None if stored is None else stored.uri, refresh) \
@@ -467,18 +482,6 @@ class BroadcastModel(ModelHandle):
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
-
-
-def _driver_host(spark: Any) -> str:
-    """This driver's address as its executors reach it (:mod:`.version_server`)."""
-    import socket
-
-    if is_connect(spark):
-        if getattr(spark.client, "host", None) in (None, "localhost", "127.0.0.1", "::1"):
-            return "127.0.0.1"  # a local Connect server: its executors are on this machine
-        return socket.gethostbyname(socket.gethostname())
-    sc = getattr(spark, "sparkContext", spark)
-    return socket.gethostbyname(sc.getConf().get("spark.driver.host") or socket.gethostname())
 
 
 def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,

@@ -125,7 +125,8 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               output_col: str, *, batch_size: int, on_invalid: str = "error",
               profile: Any = None, error_col: str | None = None, observe: Any = None,
               max_invalid: float | None = None, id_col: str | None = None,
-              version_col: str | None = None) -> Any:
+              version_col: str | None = None, key_col: str | None = None,
+              scorer: Any = None) -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
     scored rows; it needs ``on_invalid="null"``; and ``version_col``: the label of the
     model version that scored each row), observed as ``observe`` (an
@@ -135,7 +136,11 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
 
     On PySpark >= 4.1 only the input columns go to Python and only the new columns come
     back (an ``arrow_udf``); with a ``profile`` (a ``ResourceProfile``, PySpark >= 4.0),
-    or on an older PySpark, every row goes through ``mapInArrow``."""
+    or on an older PySpark, every row goes through ``mapInArrow``.
+
+    With ``key_col`` (:class:`~spark_keras.spark.keyed.KeyedModels`), that column goes to
+    the workers first and ``scorer`` (with :func:`_scored_columns`'s parameters) scores
+    each batch's rows with the model of their key."""
     from pyspark.sql.types import StringType, StructField
 
     check_on_invalid(on_invalid)
@@ -147,6 +152,8 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     schema = df.schema  # one analysis (a round trip on Connect) for every check below
     columns = schema.names
     sent = names if id_col is None else [*names, id_col]  # the columns the workers get
+    if key_col is not None:
+        sent = [key_col, *sent]
     missing = [c for c in sent if c not in columns]
     if missing:
         raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {columns}")
@@ -172,7 +179,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
             raise ModelInputError(f"column {hidden!r} of the DataFrame is one an observed "
                                   f"transform adds for its figures: rename it")
         fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
-    score_batches = functools.partial(_scored_columns, handle, names, batch_size=batch_size,
+    score_batches = functools.partial(scorer or _scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
                                       figures=observe is not None, max_invalid=max_invalid,
                                       id_col=id_col, version=version_col is not None)
@@ -215,14 +222,9 @@ def _scored_columns(handle: ModelHandle, names: list[str],
     for arrays in batches:
         arrays = list(arrays)
         ids = None if id_col is None else (id_col, arrays.pop())
-        scored = score(handle, cols.from_arrow(names, arrays), batch_size=batch_size,
-                       on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids)
-        budget.add(scored)
-        out = [to_arrow(scored)]
-        if reasons:
-            out.append(_reasons(scored))
-        if version:
-            out.append(pa.repeat(handle.version, scored.rows))
+        scored, out = batch_columns(handle, names, arrays, batch_size=batch_size,
+                                    on_invalid=on_invalid, reasons=reasons, version=version,
+                                    ids=ids, budget=budget)
         if figures:
             now = build_figures.builds_of(handle.key)
             build_figures.ledger.add(handle.key, query, now[0] - seen[0], now[1] - seen[1])
@@ -233,6 +235,23 @@ def _scored_columns(handle: ModelHandle, names: list[str],
             out += build_figures.builds_columns(scored.rows, *reported)
         yield out
     budget.finish()
+
+
+def batch_columns(handle: ModelHandle, names: list[str], arrays: Sequence[pa.Array], *,
+                  batch_size: int, on_invalid: str, reasons: bool, version: bool,
+                  ids: tuple[str, Any] | None, budget: InvalidBudget) -> tuple[Scored, list[pa.Array]]:
+    """One batch scored by ``handle`` (a task's version): the prediction column, then the
+    reasons (``reasons``) and the version's label (``version``); its invalid rows are held
+    against ``budget``."""
+    scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
+                   on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids)
+    budget.add(scored)
+    out = [to_arrow(scored)]
+    if reasons:
+        out.append(_reasons(scored))
+    if version:
+        out.append(pa.repeat(handle.version, scored.rows))
+    return scored, out
 
 
 def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fields: list,

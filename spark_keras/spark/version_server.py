@@ -197,6 +197,17 @@ def server_for(host: Callable[[], str]) -> Server:
         return _server
 
 
+def driver_host(spark: Any, connect: bool) -> str:
+    """This driver's address as the executors of ``spark`` (a Connect session if
+    ``connect``) reach it."""
+    if connect:
+        if getattr(spark.client, "host", None) in (None, "localhost", "127.0.0.1", "::1"):
+            return "127.0.0.1"  # a local Connect server: its executors are on this machine
+        return socket.gethostbyname(socket.gethostname())
+    sc = getattr(spark, "sparkContext", spark)
+    return socket.gethostbyname(sc.getConf().get("spark.driver.host") or socket.gethostname())
+
+
 # --- in a worker -------------------------------------------------------------------------
 
 def ask(address: Address, name: str, scope: str | None) -> dict[str, Any]:

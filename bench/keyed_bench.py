@@ -1,0 +1,138 @@
+"""`python -m bench.keyed_bench [--quick]`: KeyedModels against one BroadcastModel per key.
+
+Twelve scoring MLPs (64-256-256-1, different weights) on local[2], 20,000 rows per key,
+into the ``noop`` sink, the modes interleaved over the rounds:
+
+* ``12 x BroadcastModel.transform``: twelve queries, each on the rows of its key
+  (``df.where(key == k)`` of one cached frame), the way it is done by hand;
+* ``KeyedModels.transform, clustered``: one query on the frame clustered by key
+  (``repartition(8, "key").sortWithinPartitions("key")``, cached): a batch mostly holds
+  one key;
+* ``KeyedModels.transform, random order``: one query on the frame in random key order:
+  every batch holds every key, and each worker's cache (4 models by default) turns over.
+
+Then the executor's payload folder: one file per model that a worker used.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+KEYS = 12
+ROWS_PER_KEY = 20_000
+FEATURES = 64
+MODES = ("12 x BroadcastModel.transform", "KeyedModels.transform, clustered",
+         "KeyedModels.transform, random order")
+
+
+def _frame(spark, rows: int):
+    from pyspark.sql import functions as F
+
+    values = [F.rand(seed=j).cast("float") for j in range(FEATURES)]
+    return spark.range(rows, numPartitions=8).select(
+        "id", F.concat(F.lit("k"), (F.col("id") % KEYS).cast("string")).alias("key"),
+        F.array(*values).alias("features"))
+
+
+def _noop(df) -> float:
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def _separate(handles, df) -> float:
+    from pyspark.sql import functions as F
+
+    return sum(_noop(bm.transform(df.where(F.col("key") == key), "features"))
+               for key, bm in handles.items())
+
+
+def _payload_files() -> list[tuple[str, int]]:
+    """(name, bytes) of the payload files in this executor's folder."""
+    from spark_keras.spark.transport import executor_folder
+
+    folder = executor_folder()
+    if not folder or not os.path.isdir(folder):
+        return []
+    return [(n, os.path.getsize(os.path.join(folder, n))) for n in os.listdir(folder)
+            if n.endswith(".skp")]
+
+
+def _files(spark) -> list[tuple[str, int]]:
+    import json
+
+    import pyarrow as pa
+
+    def report(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([json.dumps(_payload_files())])], names=["f"])
+
+    found = spark.range(2, numPartitions=2).mapInArrow(report, "f string").collect()
+    return sorted({tuple(f) for r in found for f in json.loads(r.f)})
+
+
+def run(quick: bool = False, repeats: int = 4) -> list[dict]:
+    """One row per mode: rows/s and the ratio to the twelve separate transforms."""
+    return run_all(quick, repeats)[0]
+
+
+def run_all(quick: bool = False, repeats: int = 4) -> tuple[list[dict], list[dict]]:
+    """:func:`run`'s rows, and the executor's payload files of the KeyedModels' models."""
+    import spark_keras as sk
+
+    from .models import mlp_model
+    from .sessions import local_session
+
+    per_key = 500 if quick else ROWS_PER_KEY
+    repeats = 1 if quick else repeats
+    rows = per_key * KEYS
+    spark = local_session("keyed-bench", driver_memory="4g")
+    try:
+        models = {f"k{i}": mlp_model() for i in range(KEYS)}
+        random = _frame(spark, rows).cache()
+        clustered = random.repartition(8, "key").sortWithinPartitions("key").cache()
+        random.count(), clustered.count()
+        handles = {k: sk.BroadcastModel(spark, m) for k, m in models.items()}
+        keyed = sk.KeyedModels(spark, models)
+        runs = {MODES[0]: lambda: _separate(handles, random),
+                MODES[1]: lambda: _noop(keyed.transform(clustered, "features", key="key")),
+                MODES[2]: lambda: _noop(keyed.transform(random, "features", key="key"))}
+        for mode in MODES:  # warm-up: every worker builds what it needs
+            runs[mode]()
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(repeats):
+            for mode in MODES:
+                times[mode].append(runs[mode]())
+        files = _files(spark)
+        keyed_files = [f for f in files if any(f[0].startswith(keyed[k].key) for k in keyed.keys())]
+        base = times[MODES[0]]
+        out = [{"mode": mode, "rows": rows, "rows/s": rows / min(times[mode]),
+                "x 12 transforms": min(base) / min(times[mode]),
+                "x 12 transforms, median of rounds": statistics.median(
+                    b / t for b, t in zip(base, times[mode]))} for mode in MODES]
+        memory = [{"models": KEYS, "payload MB each": keyed["k0"].nbytes / 2**20,
+                   "executor payload files": len(keyed_files),
+                   "their MB": sum(size for _, size in keyed_files) / 2**20}]
+        keyed.destroy()
+        for bm in handles.values():
+            bm.destroy()
+    finally:
+        spark.stop()
+    return out, memory
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .report import section_main
+
+    return section_main("python -m bench.keyed_bench", "KeyedModels against one "
+                        "BroadcastModel per key", run, "{:,.3f}", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
