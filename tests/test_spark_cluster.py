@@ -111,3 +111,42 @@ def test_each_executor_forks_its_workers_from_a_preloaded_daemon(cluster, build_
         pytest.skip("the suite runs on the stock daemon (SPARK_KERAS_TEST_DAEMON)")
     daemons = preloaded_daemons(cluster, build_log, partitions=12)
     assert len(daemons) == 2, daemons  # one per executor
+
+
+@pytest.mark.slow  # a cluster's jobs: about 40 s
+def test_an_update_and_keyed_models_cross_executors(cluster, build_log):
+    """Both executors ask the driver for the version and read version 2 from it (a
+    DataFrame planned before the update scores with it, exactly); KeyedModels' models,
+    read from the driver by the executors that meet their keys, score exactly too."""
+    from .test_spark_keyed import _assert_exact, _frame, _rows
+
+    v1, v2 = (models.mlp(n_features=4, hidden=8, name=f"cross{i}") for i in (1, 2))
+    rows = _rows(["a", "b", "c"], seed=5)
+    df = _frame(cluster, rows).repartition(8).cache()
+    df.count()
+    bm = sk.BroadcastModel(cluster, v1)
+    scored = bm.transform(df, "features", version_col="v")
+    _assert_exact(scored.toPandas().assign(key="a"), {"a": v1})
+    bm.update(v2)
+
+    def executor(batches):
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_arrays([pa.array([os.getcwd()])], names=["cwd"])
+
+    out = scored.toPandas()
+    assert set(out.v) == {"2"}
+    _assert_exact(out.assign(key="a"), {"a": v2})
+    builders = builds_by_worker(build_log, f"{bm._name}.v2")
+    assert len(builders) >= 2, builders  # workers of both executors (one each at least)
+    assert len({r.cwd for r in df.mapInArrow(executor, "cwd string").collect()}) == 2
+    bm.destroy()
+
+    by_key = {k: models.mlp(n_features=4, hidden=8, name=f"cross_{k}") for k in ("a", "b", "c")}
+    km = sk.KeyedModels(cluster, by_key)
+    try:
+        _assert_exact(km.transform(df, "features", key="key").toPandas(), by_key)
+    finally:
+        km.destroy()

@@ -17,6 +17,7 @@ free port) where that is not the address executors can reach.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hmac
 import http.server
@@ -102,7 +103,7 @@ class Server:
         self._schedules: dict[str, Schedule] = {}
         self._boundaries: dict[str, Callable[[], None]] = {}
         self._payloads: dict[tuple[str, int], str] = {}
-        self._folder = tempfile.mkdtemp(prefix="spark_keras_versions_")
+        self._folder: str | None = None  # made on the first payload kept, removed at exit
         self._httpd = _bound(host, port)
         self._httpd.owner = self
         self.address = Address((host, self._httpd.server_address[1], self.token))
@@ -114,7 +115,11 @@ class Server:
         """Stop answering (the process's server lives as long as the process)."""
         self._httpd.shutdown()
         self._httpd.server_close()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def register(self, name: str, schedule: Schedule,
                  boundary: Callable[[], None] | None = None) -> None:
@@ -127,6 +132,10 @@ class Server:
 
     def keep_payload(self, name: str, index: int, payload: Any) -> None:
         """Keep a copy of version ``index``'s payload to serve."""
+        with self._lock:
+            if self._folder is None:
+                self._folder = tempfile.mkdtemp(prefix="spark_keras_versions_")
+                atexit.register(self._remove_folder)  # nothing left in TMPDIR
         path = os.path.join(self._folder, f"{name}.{index}.skp")
         with open(path, "wb") as f:
             f.write(payload)
