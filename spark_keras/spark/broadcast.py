@@ -106,6 +106,8 @@ class BroadcastModel(ModelHandle):
                  refresh: float | None = None, ship: str = "auto") -> None:
         self.resize = check_resize(resize)
         label = versions.check_label(version, [])
+        if ship not in ("auto", "driver"):
+            raise ArgumentTypeError(f"ship must be 'auto' or 'driver', not {ship!r}")
         if not is_connect(spark):
             check_daemon(getattr(spark, "sparkContext", spark))
         model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
@@ -126,19 +128,15 @@ class BroadcastModel(ModelHandle):
             lambda: version_server.driver_host(spark, is_connect(spark)))
         self._versions: version_server.Address | None = server.address
         self._version, self._index, self._first_label = label, 1, label
-        if ship not in ("auto", "driver"):
-            raise ArgumentTypeError(f"ship must be 'auto' or 'driver', not {ship!r}")
         served = None
         if stored is not None or is_connect(spark) or ship == "driver":
-            # the driver keeps the payload: see StorageTransport, ArtifactTransport
+            # the driver keeps the payload: see transport_for
             server.keep_payload(self._name, 1, payload)
             served = ServedTransport(server.address, self._name, 1)
-        self._transport: Transport = transport_for(spark, self._key, payload, stored, served=served) \
-            if served is None or ship != "driver" or stored is not None else served
+        self._transport = transport_for(spark, self._key, payload, stored, served, ship)
         self._schedule: versions.Schedule | None = versions.Schedule(
             versions.Version(1, label, self._name, len(payload)))
-        self._watch = versions.Watch(self, None if stored is None else stored.uri, refresh) \
-            if refresh is not None else None
+        self._watch = versions.Watch(self, stored, refresh) if refresh is not None else None
         server.register(self._name, self._schedule,
                         None if self._watch is None else self._watch.check)
         self._recipe = shipment.without_payload()
@@ -263,14 +261,23 @@ class BroadcastModel(ModelHandle):
         """
         self.check_usable()
         schedule = self._driver_schedule()
-        label = versions.check_label(version, schedule.labels(),
-                                     default=str(len(schedule.labels()) + 1))
+        label = versions.check_label(version, schedule.labels(), default=str(schedule.next_index()))
         objects = custom_objects if custom_objects is not None else self._custom_objects
-        model, payload, stored = _model_and_payload(model_or_path, objects, self._safe_mode)
+        return self._adopt(*_model_and_payload(model_or_path, objects, self._safe_mode),
+                          label=label, custom_objects=objects)
+
+    def _adopt(self, model: Any, payload: bytes, stored: StoredModel | None, *,
+              label: str | None = None, custom_objects: Mapping[str, Any] | None = None) -> str:
+        """:meth:`update` to a model already read: ``model``, its ``payload`` and, for
+        a URI, its :class:`~spark_keras.payload.stored.StoredModel` (a watched URI
+        ships its new file this way; ``label`` defaults to the version's number)."""
+        schedule = self._driver_schedule()
+        index = schedule.next_index()
+        label = label or str(index)
+        objects = custom_objects if custom_objects is not None else self._custom_objects
         versions.check_fits(self.signature, signature_of(model))
         shipment = Shipment.of(model, custom_objects=objects, safe_mode=self._safe_mode,
                                payload=payload)
-        index = max(schedule.versions) + 1
         self._server.keep_payload(self._name, index, payload)
         source = {"objects": version_server.objects_text(shipment.objects),
                   "safe_mode": self._safe_mode,

@@ -223,11 +223,12 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
     """In a task: per batch of ``[key, *inputs(, id)]`` columns, what
     :func:`~.scoring._scored_columns` gives, each key's rows scored by its model."""
     keys = models.keys()
+    known = pa.array(keys)
     budget = InvalidBudget(max_invalid)
     for arrays in batches:
         arrays = list(arrays)
         key_array = arrays.pop(0)
-        codes = _codes(key_array, keys)
+        codes = _codes(key_array, known)
         n = len(codes)
         order = np.argsort(codes, kind="stable")
         grouped = codes[order]
@@ -261,11 +262,10 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
     budget.finish()
 
 
-def _codes(key_array: pa.Array, keys: list[Hashable]) -> np.ndarray:
-    """Each row's index in ``keys`` (-1: no model for it, or a null key)."""
+def _codes(key_array: pa.Array, known: pa.Array) -> np.ndarray:
+    """Each row's index in ``known`` (the keys; -1: no model for it, or a null key)."""
     import pyarrow.compute as pc
 
-    known = pa.array(keys)
     try:
         known = known.cast(key_array.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):

@@ -45,12 +45,16 @@ def is_connect(spark: Any) -> bool:
 
 
 def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | None = None,
-                  served: "ServedTransport | None" = None) -> "Transport":
+                  served: "ServedTransport | None" = None, ship: str = "auto") -> "Transport":
     """How ``payload`` reaches ``spark``'s executors: from storage if the model has a
-    URI (``stored``; from the driver, ``served``, once the file there changed), else as
-    a broadcast (classic) or a session artifact (Connect)."""
+    URI (``stored``; from the driver, ``served``, once the file there changed); else
+    from the driver with ``ship="driver"`` (``served``), or as a broadcast (classic) or
+    a session artifact (Connect; ``served`` for the tasks that do not see it)."""
     if stored is not None:
         return StorageTransport(stored, rdds=not is_connect(spark), served=served)
+    if ship == "driver":
+        assert served is not None, "ship='driver' needs the driver's copy"
+        return served
     if is_connect(spark):
         return ArtifactTransport.upload(spark, key, payload, served)
     return BroadcastTransport(getattr(spark, "sparkContext", spark), payload)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any
 from .. import storage
 from ..errors import ArgumentError, ArgumentTypeError
 from ..inference.specs import Signature
+from ..payload.stored import StoredModel, open_model
 
 logger = logging.getLogger("spark_keras")
 
@@ -89,6 +89,11 @@ class Schedule:
     def labels(self) -> list[str]:
         with self._lock:
             return [v.label for v in self.versions.values()]
+
+    def next_index(self) -> int:
+        """The number the next version gets (its default label)."""
+        with self._lock:
+            return max(self.versions) + 1
 
     def is_pinned(self, scope: str) -> bool:
         with self._lock:
@@ -165,18 +170,18 @@ def check_fits(current: Signature, new: Signature) -> None:
 class Watch:
     """A model file at a URI checked at most every ``refresh`` seconds (at the
     boundaries of micro-batches and actions, see :mod:`.version_server`): when its size
-    or time changed and then its bytes, ``handle.update(uri)``."""
+    or time changed, it is read, and shipped as a new version (``handle._adopt``) if its
+    payload digest is not the one last shipped."""
 
-    def __init__(self, handle: Any, uri: str | None, refresh: float) -> None:
-        if uri is None:
+    def __init__(self, handle: Any, stored: StoredModel | None, refresh: float) -> None:
+        if stored is None:
             raise ArgumentError("refresh= watches a model file given as a URI "
                                 "(file://, s3://...); this model was not")
         if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh < 0:
             raise ArgumentTypeError(f"refresh must be a number of seconds >= 0, not {refresh!r}")
         self._handle = weakref.ref(handle)
-        self._uri, self._refresh = uri, float(refresh)
-        self._stamp = storage.stamp(uri)
-        self._digest = hashlib.sha256(storage.read(uri)).hexdigest()
+        self._uri, self._refresh, self._digest = stored.uri, float(refresh), stored.digest
+        self._stamp = storage.stamp(stored.uri)
         self._checked = time.monotonic()
         self._lock = threading.Lock()
 
@@ -190,9 +195,10 @@ class Watch:
             if stamp is None or stamp == self._stamp:
                 return
             self._stamp = stamp
-            digest = hashlib.sha256(storage.read(self._uri)).hexdigest()
-            if digest == self._digest:
-                return
-            self._digest = digest
-            label = handle.update(self._uri)
+            model, payload, stored = open_model(self._uri, custom_objects=handle._custom_objects,
+                                                safe_mode=handle._safe_mode)
+            if stored is None or stored.digest == self._digest:
+                return  # touched, not changed
+            self._digest = stored.digest
+            label = handle._adopt(model, payload, stored)
             logger.info("model file %s changed: version %s", self._uri, label)
