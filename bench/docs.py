@@ -281,7 +281,8 @@ def _keyed(results: dict) -> list[str]:
         "way it is done by hand), against one `KeyedModels.transform` on the frame clustered "
         "by key (`repartition(8, \"key\").sortWithinPartitions(\"key\")`, cached) and on the "
         "frame in random key order (every batch holds every key; the workers' cache keeps 4 "
-        "models by default). The modes interleaved after a warm-up of each, 4 rounds. Then "
+        "models by default). Every row's prediction checked first against its key's own "
+        "`BroadcastModel` (exact). The modes interleaved after a warm-up of each, 4 rounds. Then "
         "the executor's payload folder (local[2]: one executor): one file per model. "
         "Target: clustered at 0.8x the twelve transforms or better.", "",
         table(results["keyed"], floatfmt="{:,.3f}"), "",

@@ -11,6 +11,7 @@ into the ``noop`` sink, the modes interleaved over the rounds:
 * ``KeyedModels.transform, random order``: one query on the frame in random key order:
   every batch holds every key, and each worker's cache (4 models by default) turns over.
 
+Every row's prediction is checked first against its key's own BroadcastModel (exact).
 Then the executor's payload folder: one file per model that a worker used.
 """
 
@@ -77,6 +78,19 @@ def _files(spark) -> list[tuple[str, int]]:
     return sorted({tuple(f) for r in found for f in json.loads(r.f)})
 
 
+def _check(handles, keyed, df) -> None:
+    """KeyedModels gives each row the prediction its key's own BroadcastModel gives."""
+    from pyspark.sql import functions as F
+
+    sample = df.where(F.col("id") < 50 * KEYS)
+    got = {r.id: r.prediction for r in keyed.transform(sample, "features", key="key")
+           .select("id", "prediction").collect()}
+    want = {r.id: r.prediction for key, bm in handles.items()
+            for r in bm.transform(sample.where(F.col("key") == key), "features")
+            .select("id", "prediction").collect()}
+    assert got == want, sorted(i for i in want if got.get(i) != want[i])[:10]
+
+
 def run(quick: bool = False, repeats: int = 4) -> list[dict]:
     """One row per mode: rows/s and the ratio to the twelve separate transforms."""
     return run_all(quick, repeats)[0]
@@ -100,6 +114,7 @@ def run_all(quick: bool = False, repeats: int = 4) -> tuple[list[dict], list[dic
         random.count(), clustered.count()
         handles = {k: sk.BroadcastModel(spark, m) for k, m in models.items()}
         keyed = sk.KeyedModels(spark, models)
+        _check(handles, keyed, random)
         runs = {MODES[0]: lambda: _separate(handles, random),
                 MODES[1]: lambda: _noop(keyed.transform(clustered, "features", key="key")),
                 MODES[2]: lambda: _noop(keyed.transform(random, "features", key="key"))}
