@@ -1,7 +1,7 @@
 """`python -m bench [--quick] [--only SECTION,...] [--write]`.
 
 Sections: payload, scoring, memory, dask, coldstart, frontends, inputs, threads,
-operations, isolation, keyed.
+operations, isolation, keyed, large.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -120,9 +120,17 @@ def _keyed(args: argparse.Namespace) -> Shown:
             targets.keyed_targets(rows))
 
 
+def _large(args: argparse.Namespace) -> Shown:
+    from . import large_bench
+
+    rows = large_bench.run(quick=args.quick)
+    return ({"large": rows}, TITLES["large"], [table(rows, floatfmt="{:,.2f}")],
+            targets.large_targets(rows))
+
+
 RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
            "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-           "isolation": _isolation, "keyed": _keyed}
+           "isolation": _isolation, "keyed": _keyed, "large": _large}
 SECTIONS = tuple(RUNNERS)
 
 

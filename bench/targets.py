@@ -170,3 +170,26 @@ def keyed_targets(rows: list[dict]) -> list[str]:
                     f"transforms", r["x 12 transforms, median of rounds"],
                     r["x 12 transforms, median of rounds"] >= KEYED_CLUSTERED)
             for r in rows if r["mode"].endswith("clustered")]
+
+
+LARGE_WORKER_BUILD = 0.3  # a worker's private memory at build above its steady state, x weights
+
+
+def large_targets(rows: list[dict]) -> list[str]:
+    """The large model ships from the driver's file with the default heaps and scores
+    exactly; the driver's Python grows by less than a payload while shipping; a worker's
+    build costs at most 0.3x the weights in private memory above its steady state."""
+    out = []
+    for r in rows:
+        if not r["path"].startswith("ship='auto'"):
+            continue
+        weights = r["weights GiB"] or 1
+        out.append(_target("ships and scores exactly with the default heaps", r["exact"], bool(r["exact"])))
+        grew = r["driver Python growth while shipping GiB"]
+        out.append(_target("driver Python growth while shipping <= 1 payload (GiB)", grew,
+                           grew is not None and grew <= weights))
+        build = r["worst worker build overhead x weights"]
+        out.append(_target(f"worker private memory at build <= {LARGE_WORKER_BUILD:g}x the weights "
+                           f"above steady state", build,
+                           build is not None and build <= LARGE_WORKER_BUILD))
+    return out

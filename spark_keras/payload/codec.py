@@ -17,8 +17,8 @@ import numpy as np
 
 from .. import flavour
 from .._version import __version__
-from ..errors import PayloadError
-from ..storage import write_local
+from ..errors import PayloadError, StorageError
+from ..storage import write_atomically
 from . import format as fmt
 from . import mapped, round_trip, state
 
@@ -45,6 +45,16 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
         PayloadError: the model cannot be represented faithfully (for example a
             subclassed model without ``get_config`` whose auto-config loses arguments).
     """
+    meta, pieces = _layout_of(model, include_optimizer)
+    data = fmt.pack(meta, pieces)
+    if round_trip.relies_on_auto_config(model):
+        round_trip.verify(model, data, custom_objects, loads)
+    return data
+
+
+def _layout_of(model: Any, include_optimizer: bool) -> tuple[dict[str, Any], list]:
+    """The payload's header fields and its pieces: ``(section, bytes-like)``. With Keras 3
+    on TensorFlow the tensors are views of the model's variables (nothing copied)."""
     fl = flavour.current()
     flavour_state = state.of(fl)
     flavour_state.check_model_type(model)
@@ -72,10 +82,7 @@ def dumps(model: Any, *, custom_objects: Mapping[str, Any] | None = None,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "include_optimizer": bool(include_optimizer and compile_config),
     }
-    data = fmt.pack(meta, pieces)
-    if round_trip.relies_on_auto_config(model):
-        round_trip.verify(model, data, custom_objects, loads)
-    return data
+    return meta, pieces
 
 
 def _json_bytes(obj: Any, what: str) -> bytes:
@@ -196,7 +203,10 @@ def _explain_rebuild_failure(exc: Exception, header: Mapping[str, Any],
 def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
          include_optimizer: bool = False) -> None:
     """Write ``dumps(model)`` to the local ``path`` atomically (a temp file, then a
-    rename): the file is whole or absent, and no temporary file is left.
+    rename): the file is whole or absent, and no temporary file is left. The payload is
+    streamed into the file, not built in memory first: with Keras 3 on TensorFlow the
+    weights go from the variables to the file without a copy (a model loaded with
+    ``share_weights``, whose weights are a mapped file, copies nothing).
 
     Args:
         model: a built Keras model, as for :func:`dumps`.
@@ -209,8 +219,23 @@ def save(model: Any, path: PathLike, *, custom_objects: Mapping[str, Any] | None
         StorageError: ``path`` cannot be written (its folder is missing, read-only or
             full), naming it.
     """
-    data = dumps(model, custom_objects=custom_objects, include_optimizer=include_optimizer)
-    write_local(path, data)
+    meta, pieces = _layout_of(model, include_optimizer)
+    auto_config = round_trip.relies_on_auto_config(model)
+
+    def write(f: Any) -> None:
+        fmt.write(meta, pieces, f)
+        if auto_config:  # checked on the file, before it takes the path
+            f.flush()
+            view = mapped.map_file(f.name, copy_on_write=False)
+            try:
+                round_trip.verify(model, view, custom_objects, loads)
+            finally:
+                mapped.close(view)
+
+    try:
+        write_atomically(os.fspath(path), write)
+    except OSError as exc:
+        raise StorageError(f"cannot write {os.fspath(path)!r}: {exc}") from exc
 
 
 def load(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,

@@ -110,6 +110,22 @@ def pack(meta: dict[str, Any], pieces: Sequence[tuple[Section, Any]]) -> bytes:
 
     The weights are copied exactly once, into the returned bytes.
     """
+    return b"".join(_layout(meta, pieces))
+
+
+def write(meta: dict[str, Any], pieces: Sequence[tuple[Section, Any]], out: Any) -> int:
+    """:func:`pack` streamed into the binary file ``out``: nothing is copied in memory
+    (the pieces are written as they are); returns the number of bytes written."""
+    written = 0
+    for chunk in _layout(meta, pieces):
+        out.write(chunk)
+        written += memoryview(chunk).nbytes
+    return written
+
+
+def _layout(meta: dict[str, Any], pieces: Sequence[tuple[Section, Any]]) -> list[Any]:
+    """The payload of ``pieces`` as a list of chunks (the head, then views of the pieces
+    and their padding), the sections' offsets assigned and the body hashed."""
     offset = 0
     views: list[memoryview] = []
     sections: list[Section] = []
@@ -154,7 +170,7 @@ def pack(meta: dict[str, Any], pieces: Sequence[tuple[Section, Any]]) -> bytes:
                               hashlib.sha256(header_bytes).digest())
     head = preamble + header_bytes
     head += _PAD[: _align(len(head)) - len(head)]
-    return b"".join([head, *chunks])
+    return [head, *chunks]
 
 
 def unpack(data: Any, *, verify: bool = True) -> Unpacked:

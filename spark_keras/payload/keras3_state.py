@@ -80,13 +80,30 @@ class MemoryStore(saving_lib.H5IOStore):
         return self._group()[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
-        array = np.asarray(backend.convert_to_numpy(value))
+        array = _host_array(value)
         if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
             array = array.copy(order="C")
         self.entries.setdefault(self._path, {})[key] = array
 
     def __delitem__(self, key: str) -> None:
         del self.entries[self._path][key]
+
+
+def _host_array(value: Any) -> np.ndarray:
+    """A variable's value as numpy: with TensorFlow, a read-only view of the variable's
+    own buffer where it lives in host memory (no copy: a payload of a large model costs
+    no second copy of its weights; TensorFlow copies the buffer before any later write
+    to the variable, so the view never changes); else a copy."""
+    if backend.backend() == "tensorflow" and isinstance(value, backend.Variable):
+        import tensorflow as tf
+
+        tensor = tf.convert_to_tensor(value.value)
+        if "CPU" in tensor.device.upper() or not tensor.device:
+            view = tensor._numpy()  # TensorFlow's zero-copy view (keeps the tensor alive)
+            if isinstance(view, np.ndarray):  # (a 0-d variable gives a numpy scalar)
+                view.flags.writeable = False
+                return view
+    return np.asarray(backend.convert_to_numpy(value))
 
 
 def serialize_config(model: Any) -> dict[str, Any]:

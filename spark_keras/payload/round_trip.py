@@ -31,7 +31,7 @@ def constructor_takes_arguments(cls: type) -> bool:
                for p in params)
 
 
-def verify(model: Any, data: bytes, custom_objects: Mapping[str, Any] | None,
+def verify(model: Any, data: Any, custom_objects: Mapping[str, Any] | None,
            loads: Callable[..., Any]) -> None:
     """Raise :class:`PayloadError` unless ``loads(data)`` predicts like ``model``."""
     advice = (f"{type(model).__qualname__} has no get_config(), and Keras's automatic "

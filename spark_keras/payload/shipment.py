@@ -45,13 +45,20 @@ class Shipment:
            safe_mode: bool = True, payload: bytes | None = None) -> "Shipment":
         """Pack ``model`` (its custom objects found in it, plus ``custom_objects``);
         ``payload`` if the model's payload is already at hand."""
+        recipe = cls.recipe_of(model, custom_objects=custom_objects, safe_mode=safe_mode)
+        if payload is None:
+            payload = dumps(model, custom_objects=custom_objects)
+        return replace(recipe, payload=payload)
+
+    @classmethod
+    def recipe_of(cls, model: Any, *, custom_objects: Mapping[str, Any] | None = None,
+                  safe_mode: bool = True) -> "Shipment":
+        """:meth:`of` without the payload (which travels another way)."""
         import cloudpickle
 
         objects = dict(referenced_objects(model))
         objects.update(custom_objects or {})
-        if payload is None:
-            payload = dumps(model, custom_objects=custom_objects)
-        return cls(payload, cloudpickle.dumps(objects) if objects else b"", safe_mode)
+        return cls(b"", cloudpickle.dumps(objects) if objects else b"", safe_mode)
 
     def without_payload(self) -> "Shipment":
         """This shipment minus the payload bytes (which travel another way)."""

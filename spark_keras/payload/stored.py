@@ -134,6 +134,18 @@ def _load(path: str, data: bytes, custom_objects: Mapping[str, Any] | None,
 def _load_keras(path: str, custom_objects: Mapping[str, Any] | None,
                 safe_mode: bool) -> tuple[Any, bytes]:
     """``(model, payload)`` of the ``.keras`` archive at the local ``path``."""
+    model = load_keras(path, custom_objects, safe_mode)
+    return model, codec.dumps(model, custom_objects=custom_objects)
+
+
+def is_keras_archive(path: str) -> bool:
+    """Whether the local file at ``path`` is a ``.keras`` archive (a zip)."""
+    with open(path, "rb") as f:
+        return f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+
+
+def load_keras(path: str, custom_objects: Mapping[str, Any] | None, safe_mode: bool) -> Any:
+    """The model of the ``.keras`` archive at the local ``path``, loaded by Keras."""
     runtime = flavour.current()
     try:
         state.of(runtime).quiet_autograph(custom_objects)  # classes shipped by value
@@ -141,5 +153,5 @@ def _load_keras(path: str, custom_objects: Mapping[str, Any] | None,
     except Exception as exc:  # Keras raises ValueError, TypeError, BadZipFile...
         raise PayloadError(f"Keras cannot load the .keras file {path!r}: "
                            f"{type(exc).__name__}: {exc}") from exc
-    return model, codec.dumps(model, custom_objects=custom_objects)
+    return model
 

@@ -9,15 +9,14 @@ import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
-from ..errors import ArgumentTypeError, SparkKerasError
+from ..errors import SparkKerasError
 from ..handle import ModelHandle
 from ..inference.options import DEFAULT_BATCH_SIZE, check_resize
 from ..inference.predictor import predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature, signature_of
 from ..payload.shipment import Shipment
-from ..payload.stored import StoredModel, open_model
-from . import resources, task_version, version_server, versions
+from . import driver_payload, resources, task_version, version_server, versions
 from .environment import check_daemon
 from .transport import ServedTransport, Transport, is_connect, transport_for
 
@@ -84,11 +83,13 @@ class BroadcastModel(ModelHandle):
             seconds, at micro-batch and action boundaries, and :meth:`update` to it when
             it changed (see :meth:`update`).
         ship: how the payload reaches the executors: ``"auto"`` (default: a URI from
-            storage; on Spark Connect a session artifact; else a broadcast) or
-            ``"driver"``: each executor reads it from the driver
-            (:mod:`~spark_keras.spark.version_server`) when a worker there first needs
-            it; it never passes through a JVM heap, and executors that never use the
-            model never fetch it (:class:`~spark_keras.KeyedModels` ships that way).
+            storage; on Spark Connect a session artifact; else a broadcast, or, for a
+            payload over 64 MiB, as ``"driver"``), ``"driver"``: each executor streams
+            it from a file of the driver (:mod:`~spark_keras.spark.driver_payload`) when
+            a worker there first needs it, never through a JVM heap nor whole in the
+            driver's memory (executors that never use the model never fetch it;
+            :class:`~spark_keras.KeyedModels` ships that way), or ``"broadcast"``
+            (classic Spark: a broadcast whatever the size, in the JVMs' heaps).
 
     Example::
 
@@ -106,40 +107,40 @@ class BroadcastModel(ModelHandle):
                  refresh: float | None = None, ship: str = "auto") -> None:
         self.resize = check_resize(resize)
         label = versions.check_label(version, [])
-        if ship not in ("auto", "driver"):
-            raise ArgumentTypeError(f"ship must be 'auto' or 'driver', not {ship!r}")
+        driver_payload.check_ship(ship, is_connect(spark))
         if not is_connect(spark):
             check_daemon(getattr(spark, "sparkContext", spark))
-        model, payload, stored = _model_and_payload(model_or_path, custom_objects, safe_mode)
-        shipment = Shipment.of(model, custom_objects=custom_objects, safe_mode=safe_mode,
-                               payload=payload)
-        self._name = self.new_key(model)
-        self._epoch = 0
-        self._key = self._name
-        self._model: Any = model
-        self._nbytes = len(payload)
-        self._signature: Signature | None = None
-        # the payload travels on its own (a broadcast, or a Connect artifact), so a
-        # worker that finds it already on disk never unpickles it; the rest is small
-        # and travels in the handle
-        self._custom_objects, self._safe_mode = custom_objects, safe_mode
         # versions (see update): the driver's schedule answers the workers' tasks
         server = self._server = version_server.server_for(
             lambda: version_server.driver_host(spark, is_connect(spark)))
+        payload = driver_payload.read(model_or_path, custom_objects, safe_mode,
+                                      new_file=server.new_file, ship=ship)
+        model = payload.model
+        self._model: Any = model
+        self._name = self.new_key(model)
+        self._epoch = 0
+        self._key = self._name
+        self._nbytes = payload.nbytes
+        self._signature: Signature | None = None
+        # the payload travels on its own (a broadcast, a file, a Connect artifact), so a
+        # worker that finds it already on disk never unpickles it; the rest is small
+        # and travels in the handle
+        self._custom_objects, self._safe_mode = custom_objects, safe_mode
         self._versions: version_server.Address | None = server.address
         self._version, self._index, self._first_label = label, 1, label
         served = None
-        if stored is not None or is_connect(spark) or ship == "driver":
-            # the driver keeps the payload: see transport_for
-            server.keep_payload(self._name, 1, payload)
+        if payload.stored is not None or is_connect(spark) or payload.data is None \
+                or ship == "driver":  # the driver keeps the payload: see transport_for
+            payload.path = server.keep_payload(self._name, 1, payload.kept)
             served = ServedTransport(server.address, self._name, 1)
-        self._transport = transport_for(spark, self._key, payload, stored, served, ship)
+        self._transport = transport_for(spark, self._key, payload, served, ship)
         self._schedule: versions.Schedule | None = versions.Schedule(
-            versions.Version(1, label, self._name, len(payload)))
-        self._watch = versions.Watch(self, stored, refresh) if refresh is not None else None
+            versions.Version(1, label, self._name, payload.nbytes))
+        self._watch = versions.Watch(self, payload.stored, refresh) if refresh is not None else None
         server.register(self._name, self._schedule,
                         None if self._watch is None else self._watch.check)
-        self._recipe = shipment.without_payload()
+        self._recipe = Shipment.recipe_of(model, custom_objects=custom_objects,
+                                          safe_mode=safe_mode)
         self._share_weights = share_weights
         self._preprocess = Preprocess.of(preprocess)
         self._released = False
@@ -263,29 +264,34 @@ class BroadcastModel(ModelHandle):
         schedule = self._driver_schedule()
         label = versions.check_label(version, schedule.labels(), default=str(schedule.next_index()))
         objects = custom_objects if custom_objects is not None else self._custom_objects
-        return self._adopt(*_model_and_payload(model_or_path, objects, self._safe_mode),
-                          label=label, custom_objects=objects)
+        return self._adopt(self._read(model_or_path, objects), label=label, custom_objects=objects)
 
-    def _adopt(self, model: Any, payload: bytes, stored: StoredModel | None, *,
-              label: str | None = None, custom_objects: Mapping[str, Any] | None = None) -> str:
-        """:meth:`update` to a model already read: ``model``, its ``payload`` and, for
-        a URI, its :class:`~spark_keras.payload.stored.StoredModel` (a watched URI
-        ships its new file this way; ``label`` defaults to the version's number)."""
+    def _read(self, model_or_path: Any, custom_objects: Mapping[str, Any] | None
+              ) -> driver_payload.DriverPayload:
+        return driver_payload.read(model_or_path, custom_objects, self._safe_mode,
+                                   new_file=self._server.new_file)
+
+    def _adopt(self, payload: driver_payload.DriverPayload, *, label: str | None = None,
+               custom_objects: Mapping[str, Any] | None = None) -> str:
+        """:meth:`update` to a model already read (``payload``: the model, its payload
+        and, for a URI, its StoredModel; a watched URI ships its new file this way;
+        ``label`` defaults to the version's number)."""
         schedule = self._driver_schedule()
         index = schedule.next_index()
         label = label or str(index)
         objects = custom_objects if custom_objects is not None else self._custom_objects
+        model, stored = payload.model, payload.stored
         versions.check_fits(self.signature, signature_of(model))
-        shipment = Shipment.of(model, custom_objects=objects, safe_mode=self._safe_mode,
-                               payload=payload)
-        self._server.keep_payload(self._name, index, payload)
-        source = {"objects": version_server.objects_text(shipment.objects),
+        recipe = Shipment.recipe_of(model, custom_objects=objects, safe_mode=self._safe_mode)
+        self._server.keep_payload(self._name, index, payload.kept)
+        source = {"objects": version_server.objects_text(recipe.objects),
                   "safe_mode": self._safe_mode,
                   "stored": None if stored is None else dataclasses.asdict(stored)}
-        schedule.add(versions.Version(index, label, f"{self._name}.v{index}", len(payload), source))
+        schedule.add(versions.Version(index, label, f"{self._name}.v{index}", payload.nbytes,
+                                      source))
         self._model, self._version, self._index = model, label, index
         logger.info("model %s: version %s shipped (%.1f MB payload)", self._name, label,
-                    len(payload) / 2**20)
+                    payload.nbytes / 2**20)
         return label
 
     def _driver_schedule(self) -> versions.Schedule:
@@ -489,12 +495,3 @@ class BroadcastModel(ModelHandle):
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
-
-
-def _model_and_payload(model_or_path: Any, custom_objects: Mapping[str, Any] | None,
-                       safe_mode: bool) -> tuple[Any, bytes, StoredModel | None]:
-    from ..payload import codec
-
-    if isinstance(model_or_path, (str, os.PathLike)):
-        return open_model(model_or_path, custom_objects=custom_objects, safe_mode=safe_mode)
-    return model_or_path, codec.dumps(model_or_path, custom_objects=custom_objects), None

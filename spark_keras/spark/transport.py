@@ -31,6 +31,7 @@ from ..errors import PayloadChangedError, PayloadError, SparkKerasError
 from ..payload import host_file
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
+from .driver_payload import DriverPayload
 
 logger = logging.getLogger("spark_keras")
 
@@ -44,20 +45,22 @@ def is_connect(spark: Any) -> bool:
     return isinstance(spark, ConnectSession)
 
 
-def transport_for(spark: Any, key: str, payload: bytes, stored: StoredModel | None = None,
+def transport_for(spark: Any, key: str, payload: DriverPayload,
                   served: "ServedTransport | None" = None, ship: str = "auto") -> "Transport":
     """How ``payload`` reaches ``spark``'s executors: from storage if the model has a
-    URI (``stored``; from the driver, ``served``, once the file there changed); else
-    from the driver with ``ship="driver"`` (``served``), or as a broadcast (classic) or
-    a session artifact (Connect; ``served`` for the tasks that do not see it)."""
-    if stored is not None:
-        return StorageTransport(stored, rdds=not is_connect(spark), served=served)
-    if ship == "driver":
-        assert served is not None, "ship='driver' needs the driver's copy"
-        return served
-    if is_connect(spark):
+    URI (``payload.stored``; from the driver, ``served``, once the file there changed);
+    else from the driver's file with ``ship="driver"`` (``served``); else as a session
+    artifact (Connect; ``served`` for the tasks that do not see it); else, on classic
+    Spark, as a broadcast with ``ship="broadcast"`` or when the payload is in memory (a
+    small one, see :mod:`.driver_payload`), from the driver's file (``served``) when not."""
+    if payload.stored is not None:
+        return StorageTransport(payload.stored, rdds=not is_connect(spark), served=served)
+    if ship != "driver" and is_connect(spark):
         return ArtifactTransport.upload(spark, key, payload, served)
-    return BroadcastTransport(getattr(spark, "sparkContext", spark), payload)
+    if ship == "broadcast" or (ship == "auto" and payload.data is not None):
+        return BroadcastTransport(getattr(spark, "sparkContext", spark), payload.read())
+    assert served is not None, "a payload shipped from the driver needs the driver's copy"
+    return served
 
 
 class Transport:
@@ -209,13 +212,17 @@ class ArtifactTransport(Transport):
     rdds = False
 
     @classmethod
-    def upload(cls, spark: Any, key: str, payload: bytes,
+    def upload(cls, spark: Any, key: str, payload: DriverPayload,
                served: "ServedTransport | None" = None) -> "ArtifactTransport":
+        """Upload ``payload`` (streamed from its file, if it has one) as ``<key>.skp``."""
         name = f"{key}{host_file.SUFFIX}"
         with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
             path = os.path.join(tmp, name)
-            with open(path, "wb") as f:
-                f.write(payload)
+            if payload.path is not None:
+                _link_or_copy(payload.path, path)
+            else:
+                with open(path, "wb") as f:
+                    f.write(payload.read())
             spark.addArtifacts(path, file=True)
         return cls(name, served)
 
@@ -242,6 +249,15 @@ class ArtifactTransport(Transport):
     @staticmethod
     def forget(keys: list[str]) -> None:
         """Artifacts belong to the session: nothing to remove in a worker."""
+
+
+def _link_or_copy(source: str, path: str) -> None:
+    try:
+        os.link(source, path)  # the same file under the artifact's name
+    except OSError:  # another file system, or no hard links there
+        import shutil
+
+        shutil.copyfile(source, path)
 
 
 @dataclasses.dataclass(frozen=True)

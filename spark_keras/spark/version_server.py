@@ -39,7 +39,7 @@ from .versions import Schedule, Version
 logger = logging.getLogger("spark_keras")
 
 TIMEOUT = 30.0  # seconds a worker waits for the driver (connecting fails fast)
-_CHUNK = 1 << 20
+_CHUNK = 4 << 20
 
 
 class Address(tuple):
@@ -72,7 +72,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     self.send_header("Content-Type", "application/octet-stream")
                     self.send_header("Content-Length", str(os.path.getsize(path)))
                     self.end_headers()
-                    shutil.copyfileobj(f, self.wfile, _CHUNK)
+                    self.wfile.flush()
+                    self.connection.sendfile(f)  # by the kernel, from the page cache
             else:
                 self.send_error(404)
         except KeyError as exc:
@@ -130,17 +131,30 @@ class Server:
             if boundary is not None:
                 self._boundaries[name] = boundary
 
-    def keep_payload(self, name: str, index: int, payload: Any) -> None:
-        """Keep a copy of version ``index``'s payload to serve."""
+    def new_file(self) -> str:
+        """A fresh path in the folder of payload copies, for :meth:`keep_payload`."""
         with self._lock:
             if self._folder is None:
                 self._folder = tempfile.mkdtemp(prefix="spark_keras_versions_")
                 atexit.register(self._remove_folder)  # nothing left in TMPDIR
-        path = os.path.join(self._folder, f"{name}.{index}.skp")
-        with open(path, "wb") as f:
-            f.write(payload)
+            fd, path = tempfile.mkstemp(suffix=".part", dir=self._folder)
+        os.close(fd)
+        return path
+
+    def keep_payload(self, name: str, index: int, payload: Any) -> str:
+        """Keep version ``index``'s payload to serve: its bytes, or the path of a file
+        :meth:`new_file` gave (moved, not copied). Returns the copy's path."""
+        if isinstance(payload, str):
+            source = payload
+        else:
+            source = self.new_file()
+            with open(source, "wb") as f:
+                f.write(payload)
+        path = os.path.join(os.path.dirname(source), f"{name}.{index}.skp")
+        os.replace(source, path)
         with self._lock:
             self._payloads[(name, index)] = path
+        return path
 
     def forget(self, name: str) -> None:
         """Stop answering for ``name`` (destroyed); remove its payload copies."""
@@ -230,14 +244,15 @@ def ask(address: Address, name: str, scope: str | None) -> dict[str, Any]:
 def download(address: Address, name: str, index: int, out: BinaryIO) -> int:
     """Write version ``index``'s payload from the driver into ``out``; its size."""
     query = urllib.parse.urlencode({"name": name, "index": index})
+    buffer = memoryview(bytearray(_CHUNK))
     with _open(address, f"/payload?{query}") as response:
         total = 0
         while True:
-            chunk = response.read(_CHUNK)
-            if not chunk:
+            n = response.readinto(buffer)
+            if not n:
                 return total
-            out.write(chunk)
-            total += len(chunk)
+            out.write(buffer[:n])
+            total += n
 
 
 def _open(address: Address, path: str) -> Any:

@@ -33,7 +33,7 @@ from typing import Any
 from .. import storage
 from ..errors import ArgumentError, ArgumentTypeError
 from ..inference.specs import Signature
-from ..payload.stored import StoredModel, open_model
+from ..payload.stored import StoredModel
 
 logger = logging.getLogger("spark_keras")
 
@@ -195,10 +195,9 @@ class Watch:
             if stamp is None or stamp == self._stamp:
                 return
             self._stamp = stamp
-            model, payload, stored = open_model(self._uri, custom_objects=handle._custom_objects,
-                                                safe_mode=handle._safe_mode)
-            if stored is None or stored.digest == self._digest:
+            payload = handle._read(self._uri, handle._custom_objects)
+            if payload.stored is None or payload.stored.digest == self._digest:
                 return  # touched, not changed
-            self._digest = stored.digest
-            label = handle._adopt(model, payload, stored)
+            self._digest = payload.stored.digest
+            label = handle._adopt(payload)
             logger.info("model file %s changed: version %s", self._uri, label)
