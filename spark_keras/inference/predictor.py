@@ -110,12 +110,10 @@ class Predictor:
                     out = outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
                 if not spec.variable:
                     out[index] = got
-                elif group.lengths is None:  # one array per row, of its own shape
-                    for k, row in enumerate(index):
-                        out[row] = got[k]
-                else:
-                    for k, row in enumerate(index):
-                        out[row] = trimmed(got[k], spec, int(group.lengths[k]), group.steps)
+                    continue
+                for k, row in enumerate(index):  # one array per row, of its own shape
+                    out[row] = got[k] if group.lengths is None \
+                        else trimmed(got[k], spec, int(group.lengths[k]), group.steps)
         if not n:
             return empty_outputs(self.signature)
         return cast("list[np.ndarray]", outs)  # each filled by the first group
