@@ -100,7 +100,8 @@ def _masks_after(graph: Any, tensor: Any) -> tuple[list[Any], list[Padded]]:
     reach it unchanged, and its mask the outputs, is for the probe to tell."""
     rt = flavour.current()
     keras = rt.module
-    layers = getattr(graph, "operations", None) or graph.layers
+    layers = [x for x in getattr(graph, "operations", None) or graph.layers
+              if not isinstance(x, keras.layers.InputLayer)]  # (tf-keras: fed its own tensor)
     first: list[Any] = []
     made: list[Padded] = []
     todo, seen = [tensor], {id(tensor)}
