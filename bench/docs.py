@@ -218,20 +218,27 @@ def _inputs(results: dict) -> list[str]:
         "model called directly on the same rows. The target is `transform` within 10% "
         "of the hand-written one (`x best case`).", "",
         table(results["inputs"], floatfmt="{:,.2f}"), "",
-        "Variable-length sequences: a GRU (`Input((None, 3))`, 16 units) on an "
-        "`array<array<float>>` column whose rows have one length (40 steps), 4 distinct "
-        "lengths (10, 30, 50, 70) or 64 (8 to 71), every batch holding every length "
+        "Variable-length sequences: a masked GRU (`Input((None, 3))`, `Masking(0.0)`, 16 "
+        "units) on an `array<array<float>>` column whose rows have one length (40 steps), 4 "
+        "distinct lengths (10, 30, 50, 70) or 64 (8 to 71), every batch holding every length "
         "(the mean length is 40 in each case, so each holds the same work). `transform` "
         "groups the rows of a batch by shape and calls the model once per shape, so that "
-        "each prediction is the model's on that row alone; the raw rows are the model "
-        "alone on one batch of 1,024 such rows, grouped by length by hand (one compiled "
-        "call per length). Predictions checked as above; best of 3 runs.", "",
+        "each prediction is the model's on that row alone; with `buckets=8` it pads the "
+        "rows of each batch (an Arrow batch of a partition: 2,500 rows) into the 8 lengths "
+        "that pad the fewest steps and calls the model once per bucket (the mask keeps each "
+        "prediction the row's own). The variants and transforms take turns in each round (3 "
+        "rounds, each run after a warm-up), best run kept. The raw "
+        "rows are the model alone on one batch of 1,024 such rows, grouped by length by hand "
+        "(one compiled call per length), or bucketed as `buckets=8` buckets them (the same "
+        "lengths chosen, padded with zeros by hand, one call per bucket). `padding %`: the "
+        "padded steps among all the steps fed to the model. Predictions checked as above.", "",
         table(results["inputs_lengths"], floatfmt="{:,.2f}"), "",
         "Reading the sequence rows: the raw rows are the model's own cost of meeting many "
         "lengths in one batch (more calls, of fewer rows each); what separates `transform` "
         "from them is Spark's hand-over of 120 nested floats per row and the engine's per-row "
         "work on inputs with unknown dimensions (each row's shape read, rows grouped by "
-        "shape, each group stacked).", "", *_targets(inputs_targets(results["inputs"], results["inputs_lengths"])), ""]
+        "shape, each group stacked or padded).", "",
+        *_targets(inputs_targets(results["inputs"], results["inputs_lengths"])), ""]
 
 
 def _threads(results: dict) -> list[str]:

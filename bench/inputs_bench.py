@@ -12,10 +12,14 @@ built once, then the methods take turns, each run following a warm-up on the sam
 (:func:`.harness.in_turns`), best of the rounds. The first warm-up's predictions
 are checked against the model called directly on the same rows.
 
-Variable-length sequences: a GRU (``Input((None, 3))``) scored by transform on sequences
-whose lengths are all equal, of 4 or of 64 distinct lengths (the same mean length), so the
-cost of grouping rows by shape is visible; for reference the model alone, called on one
-batch of each kind grouped by length by hand (one call per length).
+Variable-length sequences: a masked GRU (``Input((None, 3))``, ``Masking(0.0)``) scored by
+transform on sequences whose lengths are all equal, of 4 or of 64 distinct lengths (the
+same mean length), so the cost of grouping rows by shape is visible, and on the 64 lengths
+with ``buckets=8`` (the rows padded into 8 lengths, one call per bucket), every variant
+and transform taking turns in each round; for reference the model alone, called on one batch of each kind
+grouped by length by hand (one call per length), and on the 64 lengths bucketed as
+``buckets=8`` buckets them (the same lengths chosen, padded by hand, one call per bucket).
+The padding share is the padded steps among all the steps fed to the model.
 """
 
 from __future__ import annotations
@@ -48,9 +52,14 @@ STRINGS, PNGS = "string column", "binary column (PNG)"
 IMAGE_SIZE = 64
 MEAN_LENGTH = 40  # of every set of sequence lengths, so each holds the same work
 RAW_BY_LENGTH = "raw model (1 process, one call per length)"
-LENGTH_SETS = {"equal lengths (40)": [MEAN_LENGTH],
+BUCKETS = 8
+BUCKETED = f"BroadcastModel.transform (buckets={BUCKETS})"
+RAW_BUCKETED = f"raw model (1 process, {BUCKETS} buckets)"
+EQUAL, MANY = "equal lengths (40)", "64 distinct lengths"
+LENGTH_SETS = {EQUAL: [MEAN_LENGTH],
                "4 distinct lengths": [10, 30, 50, 70],
-               "64 distinct lengths": list(range(8, 72))}
+               MANY: list(range(8, 72))}
+ARROW_BATCH = 10_000  # rows per Arrow batch (the session's maxRecordsPerBatch): what buckets sees
 
 
 @dataclass
@@ -160,6 +169,39 @@ def by_length(call: Callable[[Any], np.ndarray], rows: Sequence[np.ndarray]) -> 
     return out
 
 
+def by_bucket(call: Callable[[Any], np.ndarray], rows: Sequence[np.ndarray], buckets: int) -> np.ndarray:
+    """``call`` once per bucket, ``buckets`` lengths chosen for the rows as spark_keras
+    chooses them, each row padded with zeros (the GRU's mask value) to its bucket's length."""
+    from spark_keras.inference.buckets import bucket_lengths
+
+    lengths = np.array([len(r) for r in rows])
+    target = bucket_lengths(lengths, buckets)
+    out = None
+    for length in np.unique(target):
+        at = np.flatnonzero(target == length)
+        x = np.zeros((len(at), int(length), *rows[0].shape[1:]), np.float32)
+        for k, i in enumerate(at):
+            x[k, :lengths[i]] = rows[i]
+        y = call(x)
+        out = np.empty((len(rows), *y.shape[1:]), y.dtype) if out is None else out
+        out[at] = y
+    return out
+
+
+def transform_padding(rows: int, lengths: list[int], partitions: int, buckets: int) -> float:
+    """The padding share of ``buckets`` on :func:`sequence_frame`'s rows: each partition
+    (a range of ids) in Arrow batches of :data:`ARROW_BATCH` rows, each batch bucketed."""
+    from spark_keras.inference.buckets import bucket_lengths
+
+    fed = padded = 0
+    for part in np.array_split(np.arange(rows), partitions):
+        for start in range(0, len(part), ARROW_BATCH):
+            own = np.asarray(lengths)[part[start:start + ARROW_BATCH] % len(lengths)]
+            steps = int(bucket_lengths(own, buckets).sum())
+            fed, padded = fed + steps, padded + steps - int(own.sum())
+    return padded / fed
+
+
 def expected(call: Callable[[Any], np.ndarray], df, column: str, batch_size: int) -> Expected:
     """The model called directly (``call``, see :func:`compiled`) on the sample rows of ``df``."""
     table = sample(df).select("id", column).toArrow().sort_by("id")
@@ -266,33 +308,52 @@ def _strings_rows(spark, workload: Workload, column: str, variant: str, values: 
 
 
 def _length_rows(spark, size: Sizes, batch_size: int = 1024) -> list[dict]:
-    """Transform on sequences of 1, 4 and 64 distinct lengths, and the model alone on one
-    batch of each, grouped by length by hand."""
+    """Transform on sequences of 1, 4 and 64 distinct lengths (and on the 64 with buckets),
+    every variant and method taking turns in each round (a slow minute of the machine hits
+    them all alike), and the model alone on one batch of each, grouped by length (and
+    bucketed) by hand."""
     import spark_keras as sk
+    from spark_keras.inference.buckets import padding_share
 
     model = models.gru_model()
     bm = sk.BroadcastModel(spark, model)
     label = f"{GRU} (None, 3) ({size.sequences:,} rows, batch {batch_size})"
 
-    def scored(df):
-        return bm.transform(df, "sequence", batch_size=batch_size).select("id", "prediction")
+    def scored(df, buckets=None):
+        return bm.transform(df, "sequence", batch_size=batch_size, buckets=buckets).select("id", "prediction")
 
     call = compiled(model)
-    measured: dict[str, dict[str, float]] = {}  # variant -> method -> rows/s
-    for variant, lengths in LENGTH_SETS.items():
-        df = sequence_frame(spark, size.sequences, lengths, size.partitions)
-        want = expected(call, df, "sequence", batch_size)
-        check = functools.partial(check_predictions, f"transform ({label}, {variant})", expected=want)
-        rps, _ = in_turns({TRANSFORM: scored}, df, size.sequences, lambda _, c=check: c, size.rounds)[TRANSFORM]
+    frames = {variant: sequence_frame(spark, size.sequences, lengths, size.partitions)
+              for variant, lengths in LENGTH_SETS.items()}
+    wants = {variant: expected(call, df, "sequence", batch_size) for variant, df in frames.items()}
+    best: dict[str, dict[str, float]] = {variant: {} for variant in frames}  # variant -> method -> rows/s
+    for r in range(size.rounds):
+        for variant, df in frames.items():
+            methods = {TRANSFORM: scored, **({BUCKETED: functools.partial(scored, buckets=BUCKETS)}
+                                             if variant == MANY else {})}
+            check = (lambda name, v=variant: functools.partial(
+                check_predictions, f"{name} ({label}, {v})", expected=wants[v])) if r == 0 else None
+            for name, (rps, _) in in_turns(methods, df, size.sequences, check, 1).items():
+                best[variant][name] = max(best[variant].get(name, 0.0), rps)
+    for df in frames.values():
         df.unpersist()
-        rng = np.random.default_rng(0)
+    measured: dict[str, dict[str, tuple[float, float]]] = {}  # variant -> method -> (rows/s, padding)
+    rng = np.random.default_rng(0)
+    for variant, lengths in LENGTH_SETS.items():
         batch = [rng.standard_normal((lengths[i % len(lengths)], 3)).astype(np.float32) for i in range(batch_size)]
         raw = rows_per_second(functools.partial(by_length, call, batch), batch_size, size.raw_seconds)
-        measured[variant] = {TRANSFORM: rps, RAW_BY_LENGTH: raw}
-    equal = list(measured[next(iter(LENGTH_SETS))].values())
-    return [{"workload": label, "input": variant, "method": method, "rows/s": rps, "x equal lengths": rps / base}
-            for variant, by_method in measured.items()
-            for (method, rps), base in zip(by_method.items(), equal)]
+        measured[variant] = {TRANSFORM: (best[variant][TRANSFORM], 0.0), RAW_BY_LENGTH: (raw, 0.0)}
+        if variant == MANY:
+            share = transform_padding(size.sequences, lengths, size.partitions, BUCKETS)
+            raw = rows_per_second(functools.partial(by_bucket, call, batch, BUCKETS), batch_size, size.raw_seconds)
+            measured[variant].update({BUCKETED: (best[variant][BUCKETED], share),
+                                      RAW_BUCKETED: (raw, padding_share(np.array([len(r) for r in batch]),
+                                                                        BUCKETS))})
+    base = {TRANSFORM: measured[EQUAL][TRANSFORM][0], RAW_BY_LENGTH: measured[EQUAL][RAW_BY_LENGTH][0]}
+    return [{"workload": label, "input": variant, "method": method, "rows/s": rps,
+             "x equal lengths": rps / base[RAW_BY_LENGTH if method.startswith("raw") else TRANSFORM],
+             "padding %": 100 * share}
+            for variant, by_method in measured.items() for method, (rps, share) in by_method.items()]
 
 
 def run(quick: bool = False) -> tuple[list[dict], list[dict]]:

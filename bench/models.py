@@ -168,13 +168,16 @@ def png_model(size: int = 64) -> Any:
 
 
 def gru_model() -> Any:
-    """A GRU over sequences of any length (``Input((None, 3))``), 2 outputs."""
+    """A GRU over sequences of any length (``Input((None, 3))``), 2 outputs, its all-zero
+    steps masked (``Masking(0.0)``), so that rows padded with zeros (``buckets``) score as
+    they do alone."""
     import keras
     from keras import layers
 
     keras.utils.set_random_seed(9)
     inp = keras.Input((None, 3), name="sequence")
-    return keras.Model(inp, layers.Dense(2)(layers.GRU(16)(inp)), name="gru_any_length")
+    x = layers.GRU(16)(layers.Masking(0.0)(inp))
+    return keras.Model(inp, layers.Dense(2)(x), name="gru_any_length")
 
 
 def asserting_mlp_model(features: int = 64, width: int = 256, limit: float = 10.0) -> Any:

@@ -85,13 +85,23 @@ class Runtime:
                                              safe_mode=safe_mode)
 
 
-def _traced_call(fn: Callable[..., list[Any]], input_specs: Sequence[Any]) -> CompiledCall:
-    """``fn`` as a ``tf.function`` traced once, for any batch size (batch dimension None)."""
-    import tensorflow as tf
+class TracedCall:
+    """``fn`` as a ``tf.function`` traced once, for any batch size (batch dimension None)
+    and any length of the inputs' other unknown dimensions: its :attr:`traces` stay 1."""
 
-    signature = [tf.TensorSpec((None, *s.shape), s.dtype) for s in input_specs]
-    traced = tf.function(fn, input_signature=signature, autograph=False)
-    return lambda arrays: [t.numpy() for t in traced(*arrays)]
+    def __init__(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]) -> None:
+        import tensorflow as tf
+
+        signature = [tf.TensorSpec((None, *s.shape), s.dtype) for s in input_specs]
+        self.function = tf.function(fn, input_signature=signature, autograph=False)
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [t.numpy() for t in self.function(*arrays)]
+
+    @property
+    def traces(self) -> int:
+        """How many times TensorFlow traced the function (each trace a concrete function)."""
+        return self.function.experimental_get_tracing_count()
 
 
 class Keras3Runtime(Runtime):
@@ -119,7 +129,7 @@ class Keras3TensorFlowRuntime(Keras3Runtime):
 
     def compile_call(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]
                      ) -> CompiledCall:
-        return _traced_call(fn, input_specs)
+        return TracedCall(fn, input_specs)
 
 
 class TfKerasRuntime(Runtime):
@@ -147,7 +157,7 @@ class TfKerasRuntime(Runtime):
 
     def compile_call(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]
                      ) -> CompiledCall:
-        return _traced_call(fn, input_specs)
+        return TracedCall(fn, input_specs)
 
 
 _KERAS3_BY_BACKEND: dict[str, type[Keras3Runtime]] = {"tensorflow": Keras3TensorFlowRuntime}

@@ -55,7 +55,8 @@ from pyspark.ml.base import Transformer
 from pyspark.ml.util import MLReadable, MLWritable, MLWriter
 
 from .errors import ArgumentError, SparkKerasError
-from .inference.options import DEFAULT_BATCH_SIZE, ML_PARAMS, check_error_col, check_max_invalid
+from .inference.buckets import checked
+from .inference.options import DEFAULT_BATCH_SIZE, ML_PARAMS, check_buckets, check_error_col, check_max_invalid
 from .spark.ml_params import KerasTransformerParams, to_batch_size, to_on_invalid
 from .spark.ml_persistence import KerasTransformerReader, KerasTransformerWriter
 from .spark.ml_source import ModelSource
@@ -73,7 +74,7 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     The model is shipped on the first ``transform`` (a ``BroadcastModel`` created from
     the DataFrame's session) and shared by :meth:`copy`'s copies; a DataFrame of another
     session (a new SparkContext, another Connect session) ships it again. The Params
-    (``inputCol`` to ``idCol``) are saved with the stage; the other arguments are not.
+    (``inputCol`` to ``buckets``) are saved with the stage; the other arguments are not.
 
     Args:
         model: a Keras model, a ``.keras`` file or payload file (a local path or a URI
@@ -96,6 +97,9 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
             reasons (``row id=17``), see :meth:`BroadcastModel.transform`.
         versionCol: unset by default; a string column with the label of the model
             version that scored each row, see :meth:`BroadcastModel.update`.
+        buckets: unset by default; for a model that masks its variable-length inputs,
+            pad each batch's rows into at most this many lengths (an int) or to these
+            lengths (a list), see :meth:`BroadcastModel.predict_udf`.
         custom_objects: as for ``BroadcastModel``. Not saved: a loaded stage needs its
             custom classes registered where it is loaded.
         safe_mode: as for ``BroadcastModel``. Not saved: a loaded stage rebuilds with
@@ -113,6 +117,7 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
                  batchSize: int = DEFAULT_BATCH_SIZE, onInvalid: str = "error",
                  errorCol: str | None = None, maxInvalid: float | None = None,
                  idCol: str | None = None, versionCol: str | None = None,
+                 buckets: int | list[int] | None = None,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True, preprocess: Any = None) -> None:
         super().__init__()
@@ -129,10 +134,11 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
                   outputCol: str | None = None, batchSize: int | None = None,
                   onInvalid: str | None = None, errorCol: str | None = None,
                   maxInvalid: float | None = None, idCol: str | None = None,
-                  versionCol: str | None = None) -> "KerasTransformer":
+                  versionCol: str | None = None,
+                  buckets: int | list[int] | None = None) -> "KerasTransformer":
         """setParams(self, \\*, inputCol=None, inputCols=None, outputCol=None, batchSize=None,
-        onInvalid=None, errorCol=None, maxInvalid=None, idCol=None, versionCol=None): sets the
-        params given (``None`` leaves a param as it is)."""
+        onInvalid=None, errorCol=None, maxInvalid=None, idCol=None, versionCol=None,
+        buckets=None): sets the params given (``None`` leaves a param as it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def setInputCol(self, value: str) -> "KerasTransformer":
@@ -170,6 +176,10 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
     def setVersionCol(self, value: str) -> "KerasTransformer":
         """Sets the value of :py:attr:`versionCol`."""
         return self._set(versionCol=value)
+
+    def setBuckets(self, value: int | list[int]) -> "KerasTransformer":
+        """Sets the value of :py:attr:`buckets`."""
+        return self._set(buckets=value)
 
     # --- the model ---------------------------------------------------------------------
 
@@ -234,11 +244,13 @@ class KerasTransformer(Transformer, KerasTransformerParams, MLReadable["KerasTra
         on_invalid = to_on_invalid(self.getOnInvalid())
         error_col = check_error_col(self.getErrorCol(), on_invalid, ML_PARAMS)
         max_invalid = check_max_invalid(self.getMaxInvalid(), on_invalid, ML_PARAMS)
+        buckets = check_buckets(self.getBuckets(), ML_PARAMS)  # before the model ships
         handle = self._require_source().handle_for(dataset.sparkSession, self.uid)
+        checked(handle, buckets, ML_PARAMS)  # the model takes padded rows, or this says why
         return handle.transform(dataset, columns, output, batch_size=batch_size,
                                 on_invalid=on_invalid, error_col=error_col,
                                 max_invalid=max_invalid, id_col=self.getIdCol(),
-                                version_col=self.getVersionCol())
+                                version_col=self.getVersionCol(), buckets=buckets)
 
     # --- persistence -----------------------------------------------------------------------
 

@@ -135,6 +135,28 @@ def sequence_model(masking: bool = False) -> keras.Model:
     return keras.Model(inp, layers.Dense(2)(layers.GRU(4)(x)), name=f"gru_{int(masking)}")
 
 
+def attention_model(vocabulary: int = 30) -> keras.Model:
+    """A Transformer-style model over token ids of any length, 0 the padding
+    (``Embedding(mask_zero=True)``): self-attention (``MultiHeadAttention`` takes the mask
+    Keras 3 passes on), a residual and a norm, averaged over the real steps -> 2 scores."""
+    keras.utils.set_random_seed(7)
+    inp = keras.Input((None,), dtype="int32", name="tokens")
+    x = layers.Embedding(vocabulary, 8, mask_zero=True)(inp)
+    x = layers.LayerNormalization()(layers.Add()([x, layers.MultiHeadAttention(2, 4)(x, x)]))
+    return keras.Model(inp, layers.Dense(2)(layers.GlobalAveragePooling1D()(x)), name="attention")
+
+
+def tagger_model() -> keras.Model:
+    """A masked GRU scoring every step of a sequence of any length (``(None, 2)`` per row)
+    and the whole sequence, beside a vector of 2 features."""
+    keras.utils.set_random_seed(8)
+    seq, features = keras.Input((None, 3), name="sequence"), keras.Input((2,), name="features")
+    steps = layers.GRU(4, return_sequences=True)(layers.Masking(0.0)(seq))
+    whole = layers.Concatenate()([layers.GlobalAveragePooling1D()(steps), features])
+    return keras.Model([seq, features], {"steps": layers.Dense(2)(steps), "whole": layers.Dense(1)(whole)},
+                       name="tagger")
+
+
 def fully_convolutional() -> keras.Model:
     """Images of any size (``Input((None, None, 3))``) to per-pixel scores and a pooled one."""
     keras.utils.set_random_seed(4)
@@ -241,6 +263,15 @@ def asserting_mlp(limit: float = 10.0) -> keras.Model:
     inp = keras.Input((4,), name="features")
     x = layers.Dense(8, activation="relu")(AssertBelow(limit)(inp))
     return keras.Model(inp, layers.Dense(1)(x), name="asserting_mlp")
+
+
+def asserting_sequence_model(limit: float = 10.0) -> keras.Model:
+    """The masked GRU of :func:`sequence_model`, raising (in its graph) on a row holding a
+    value of ``limit`` or more."""
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((None, 3), name="sequence")
+    x = layers.GRU(4)(layers.Masking(0.0)(AssertBelow(limit)(inp)))
+    return keras.Model(inp, layers.Dense(2)(x), name="asserting_gru")
 
 
 def positional_model(max_length: int = 16) -> keras.Model:

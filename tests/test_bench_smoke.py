@@ -76,11 +76,20 @@ def test_bench_inputs_quick_scores_text_png_bytes_and_sequences():
         value = targets[f"{workload} ({variant}) transform >= 0.9x hand-written best case"]
         assert abs(value - float(rows["BroadcastModel.transform"]["x best case"])) <= 0.011, (value, rows)
     lengths = _printed_table(out, "x equal lengths")
+    methods = ("BroadcastModel.transform", "raw model (1 process, one call per length)")
     assert [(r["input"], r["method"]) for r in lengths] == [
         (variant, method) for variant in ("equal lengths (40)", "4 distinct lengths", "64 distinct lengths")
-        for method in ("BroadcastModel.transform", "raw model (1 process, one call per length)")]
+        for method in methods] + [("64 distinct lengths", "BroadcastModel.transform (buckets=8)"),
+                                  ("64 distinct lengths", "raw model (1 process, 8 buckets)")]
     assert all(float(r["rows/s"].replace(",", "")) > 0 for r in lengths), lengths
     assert [r["x equal lengths"] for r in lengths[:2]] == ["1.00", "1.00"], lengths
+    # 8 buckets of 8 lengths each (8 to 71, each about as often): 3.5 steps of 43 padded per row
+    assert [float(r["padding %"]) for r in lengths[:6]] == [0.0] * 6, lengths
+    assert all(7.5 < float(r["padding %"]) < 9 for r in lengths[6:]), lengths
+    bucketed = lengths[-2]
+    value = targets["GRU on 64 distinct lengths per batch, BroadcastModel.transform (buckets=8) >= 0.8x "
+                    "transform on equal lengths"]
+    assert abs(value - float(bucketed["x equal lengths"])) <= 0.011, (value, bucketed)
 
 
 @pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)

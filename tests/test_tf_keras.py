@@ -166,6 +166,26 @@ def test_subclassed_model_with_auto_config(rng):
     np.testing.assert_allclose(predictor([x])[0], model(x).numpy(), rtol=0, atol=1e-6)
 
 
+def test_buckets_pad_a_masked_tf_keras_gru_and_refuse_an_unmasked_one(rng):
+    from spark_keras.errors import ArgumentError
+    from spark_keras.handle import ModelHandle
+    from spark_keras.inference.buckets import checked
+
+    inp = keras.Input((None, 3), name="sequence")
+    masked = keras.Model(inp, keras.layers.Dense(2)(keras.layers.GRU(4)(keras.layers.Masking(0.0)(inp))))
+    rows = np.empty(40, dtype=object)
+    rows[:] = [rng.standard_normal((int(k), 3)).astype("float32") for k in rng.integers(1, 30, 40)]
+    handle = ModelHandle("masked", 0, model=masked)
+    predictor = handle.predictor
+    got = predictor([rows], 64, None, buckets=checked(handle, 3))[0]
+    want = np.array([masked(r[None], training=False).numpy()[0] for r in rows])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert predictor.traces == 1
+    unmasked = ModelHandle("plain", 0, model=keras.Model(inp, keras.layers.GRU(4)(inp)))
+    with pytest.raises(ArgumentError, match=r"input 'sequence' feeds GRU, and no Masking layer"):
+        checked(unmasked, 3)
+
+
 def test_keras3_model_is_refused_under_tf_keras():
     import keras as keras3  # Keras 3 imports fine beside tf-keras
 

@@ -14,7 +14,7 @@ from ..errors import ModelCallError, ModelInputError
 from .column_read import ColumnRead, kind, leaf_kind
 from .columns import Columns, assign, flat
 from .isolation import RowFailure, columns_text, reason, reason_text
-from .options import check_on_invalid
+from .options import Buckets, check_on_invalid
 from .rows import RowNames
 from .specs import Signature, TensorSpec, empty_outputs
 from .walk import read_column
@@ -135,14 +135,15 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
           where: str = "batch", first_row: int = 0, reasons: bool = False,
-          ids: tuple[str, Any] | None = None) -> Scored:
+          ids: tuple[str, Any] | None = None, buckets: Buckets = None) -> Scored:
     """Predictions of ``handle``'s model (a :class:`~spark_keras.handle.ModelHandle`, or
     anything with ``predictor`` and ``signature``) for ``columns``, made into the model's
     inputs by the handle's ``preprocess`` function first if it has one. An empty batch, or
     one where every row is invalid, gives empty outputs of the output specs' dtypes.
     ``reasons``: also say why each invalid row is (``Scored.reasons``). Errors and reasons
     name a row by ``ids`` (``(id column name, one value per row)``) if given, else by its
-    number from ``first_row`` within ``where``.
+    number from ``first_row`` within ``where``. ``buckets`` (checked by
+    :func:`.buckets.checked`): variable-length rows padded into buckets (:mod:`.buckets`).
 
     A model or preprocess call that raises is retried in parts to find the rows it raises
     on alone (:mod:`.isolation`; clean batches are never retried): under ``"null"`` those
@@ -168,7 +169,7 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
         rows = np.arange(n) if invalid is None else np.flatnonzero(~invalid)  # of the inputs
         found = {} if on_invalid == "null" else None
         try:
-            outputs = predictor(inputs, batch_size, found)
+            outputs = predictor(inputs, batch_size, found, buckets=buckets)
         except RowFailure as failure:
             raise ModelCallError(
                 f"the model raised on {names_of.at(int(rows[failure.row]))} "

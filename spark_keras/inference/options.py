@@ -1,7 +1,8 @@
 """The scoring options every front-end takes, each rule in one place: the batch size,
-the bad-row policy (``on_invalid``), the reason column (``error_col``) and the limit of
-invalid rows (``max_invalid``). ``BroadcastModel``, ``KerasTransformer``, the score job,
-Dask and ``pool_predict`` check them here, each with its own spelling of the names
+the bad-row policy (``on_invalid``), the reason column (``error_col``), the limit of
+invalid rows (``max_invalid``) and the padding of variable-length rows (``buckets``).
+``BroadcastModel``, ``KerasTransformer``, the score job, Dask and ``pool_predict`` check
+them here, each with its own spelling of the names
 (:class:`Spelling`), on the driver before anything runs."""
 
 from __future__ import annotations
@@ -27,15 +28,22 @@ class Spelling:
     on_invalid: str = "on_invalid"
     error_col: str = "error_col"
     max_invalid: str = "max_invalid"
+    buckets: str = "buckets"
     flags: bool = False  # ``--on-invalid null`` rather than ``on_invalid='null'``
 
     def setting(self, name: str, value: Any) -> str:
-        return f"{name} {value}" if self.flags else f"{name}={value!r}"
+        if not self.flags:
+            return f"{name}={value!r}"
+        return f"{name} {','.join(map(str, value)) if isinstance(value, tuple) else value}"
 
 
 PYTHON = Spelling()
-ML_PARAMS = Spelling("batchSize", "onInvalid", "errorCol", "maxInvalid")
-FLAGS = Spelling("--batch-size", "--on-invalid", "--error-col", "--max-invalid", flags=True)
+ML_PARAMS = Spelling("batchSize", "onInvalid", "errorCol", "maxInvalid", "buckets")
+FLAGS = Spelling("--batch-size", "--on-invalid", "--error-col", "--max-invalid", "--buckets",
+                 flags=True)
+
+# what ``buckets`` may be: None, a count of lengths, or the lengths themselves
+Buckets = int | tuple[int, ...] | None
 
 
 def check_on_invalid(on_invalid: Any, spelling: Spelling = PYTHON) -> str:
@@ -95,6 +103,29 @@ def check_max_invalid(max_invalid: Any, on_invalid: str,
     _needs_null(spelling.setting(spelling.max_invalid, max_invalid), on_invalid, spelling,
                 "the first invalid row fails the task")
     return int(value) if value >= 1 else value
+
+
+def check_buckets(buckets: Any, spelling: Spelling = PYTHON) -> Buckets:
+    """``buckets``: None (rows of variable-length inputs grouped by exact shape), a count
+    N >= 1 (each batch's rows padded into at most N lengths) or explicit bucket lengths (a
+    strictly increasing sequence of positive ints), as an int or a tuple; see
+    :mod:`.buckets`. Whether the model can take padded rows is :func:`.buckets.checked`'s."""
+    import numpy as np
+
+    def whole(value: Any) -> bool:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+    if buckets is None:
+        return None
+    if whole(buckets) and buckets >= 1:
+        return int(buckets)
+    if isinstance(buckets, (list, tuple, np.ndarray)) and len(buckets) \
+            and all(whole(b) for b in buckets):
+        lengths = tuple(int(b) for b in buckets)
+        if lengths[0] >= 1 and all(a < b for a, b in zip(lengths, lengths[1:])):
+            return lengths
+    raise ArgumentError(f"{spelling.buckets} must be None, a count of lengths (an int >= 1) "
+                        f"or bucket lengths (strictly increasing positive ints), not {buckets!r}")
 
 
 def _needs_null(given: str, on_invalid: str, spelling: Spelling, otherwise: str) -> None:

@@ -8,12 +8,14 @@ not, and does not retrace for the last, shorter batch.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 
 from .. import flavour
+from .buckets import Group, exact_groups, padded_groups, trimmed
 from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
+from .masking import padding_of
 from .options import DEFAULT_BATCH_SIZE
 from .signature import signature_of
 from .specs import Signature, empty_outputs
@@ -31,6 +33,7 @@ class Predictor:
         self.model = model
         self.signature = signature or signature_of(model)
         self._call = self._compile()
+        self._padding: tuple[Any, ...] | None = None
 
     def _flat_outputs(self, outputs: Any) -> list[Any]:
         names = self.signature.output_names
@@ -50,52 +53,67 @@ class Predictor:
 
         return flavour.current().compile_call(call, sig.inputs)
 
+    @property
+    def padding(self) -> tuple[Any, ...]:
+        """Each input's pad value for ``buckets`` (None: an input that is not padded), found
+        once (:mod:`.masking`); an :class:`~spark_keras.errors.ArgumentError` says why the
+        model cannot take padded rows."""
+        if self._padding is None:
+            self._padding = padding_of(self.model, self.signature, self._call)
+        return self._padding
+
+    @property
+    def traces(self) -> int | None:
+        """How many concrete functions TensorFlow traced for the compiled call (None: the
+        model is called eagerly)."""
+        return getattr(self._call, "traces", None)
+
     def __call__(self, arrays: Sequence[np.ndarray], batch_size: int = DEFAULT_BATCH_SIZE,
-                 failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:
+                 failures: dict[int, BaseException] | None = None,
+                 buckets: int | tuple[int, ...] | None = None) -> list[np.ndarray]:
         """Outputs (flattened, in signature order) for inputs of any length, in batches.
         Inputs with unknown dimensions come as object arrays of one array per row: rows
-        are grouped by shape (see :meth:`_grouped`).
+        are grouped by shape, or with ``buckets`` (checked: :func:`.buckets.checked`)
+        padded into buckets of a few lengths (see :mod:`.buckets`).
 
         A call that raises is retried in parts (:mod:`.isolation`): with ``failures`` (a
         dict) the rows that raise alone are recorded there (row -> exception) and get
         zeros in the outputs; without it, :class:`~.isolation.RowFailure` names the first
         such row (the call's own exception if no single row raises)."""
-        if any(spec.variable for spec in self.signature.inputs):
-            return self._grouped(arrays, batch_size, failures)
-        return self._batched(arrays, batch_size, failures)
-
-    def _grouped(self, arrays: Sequence[np.ndarray], batch_size: int,
-                 failures: dict[int, BaseException] | None) -> list[np.ndarray]:
-        """Rows of one shape (on every input) in one call, so each row's prediction is the
-        model's on that row alone: nothing is padded. An output with unknown dimensions
-        comes back as an object array of one array per row."""
         specs = self.signature.inputs
-        n = len(arrays[0]) if arrays else 0
-        groups: dict[tuple, list[int]] = {}
-        for i in range(n):
-            key = tuple(a[i].shape for a, s in zip(arrays, specs) if s.variable)
-            groups.setdefault(key, []).append(i)
+        if buckets is not None:
+            groups = padded_groups(arrays, specs, self.padding, buckets)
+        elif any(spec.variable for spec in specs):
+            groups = exact_groups(arrays, specs)
+        else:
+            return self._batched(arrays, batch_size, failures)
+        return self._grouped(groups, len(arrays[0]) if arrays else 0, batch_size, failures)
+
+    def _grouped(self, groups: Iterable[Group], n: int, batch_size: int,
+                 failures: dict[int, BaseException] | None) -> list[np.ndarray]:
+        """The outputs of ``n`` rows scored group by group, each group's rows in calls of
+        ``batch_size``. An output with unknown dimensions comes back as an object array of
+        one array per row (cut to the row's length where padded)."""
         outs = [np.empty(n, dtype=object) if s.variable else None for s in self.signature.outputs]
-        for rows in groups.values():
-            index = np.asarray(rows)
-            inputs = [_stacked(a[index], s) if s.variable else a[index]
-                      for a, s in zip(arrays, specs)]
+        for group in groups:
+            index = group.rows
             found: dict[int, BaseException] | None = None if failures is None else {}
             try:
-                got_all = self._batched(inputs, batch_size, found)
+                got_all = self._batched(group.inputs, batch_size, found)
             except RowFailure as failure:  # its row, numbered in the whole batch
                 raise RowFailure(int(index[failure.row]), failure.cause) from failure.cause
             if failures is not None and found:
                 failures.update({int(index[k]): exc for k, exc in found.items()})
             for j, got in enumerate(got_all):
-                out = outs[j]
+                out, spec = outs[j], self.signature.outputs[j]
                 if out is None:
                     out = outs[j] = np.empty((n, *got.shape[1:]), dtype=got.dtype)
-                if self.signature.outputs[j].variable:  # one array per row, of its own shape
-                    for k, row in enumerate(index):
-                        out[row] = got[k]
-                else:
+                if not spec.variable:
                     out[index] = got
+                    continue
+                for k, row in enumerate(index):  # one array per row, of its own shape
+                    out[row] = got[k] if group.lengths is None \
+                        else trimmed(got[k], spec, int(group.lengths[k]), group.steps)
         if not n:
             return empty_outputs(self.signature)
         return cast("list[np.ndarray]", outs)  # each filled by the first group
@@ -153,12 +171,6 @@ def _with_placeholders(found: Isolated[list[np.ndarray]], start: int, stop: int,
         for out, part in zip(outs, got):
             out[a - start:b - start] = part
     return outs
-
-
-def _stacked(rows: np.ndarray, spec: Any) -> np.ndarray:
-    """Per-row arrays of one shape as one ``(rows, *shape)`` array of the input's dtype."""
-    stacked = np.stack(list(rows))
-    return stacked if spec.dtype == "string" else stacked.astype(spec.dtype, copy=False)
 
 
 def predictor_for(model: Any) -> Predictor:

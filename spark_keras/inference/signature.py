@@ -30,22 +30,34 @@ def signature_of(model: Any) -> Signature:
     return graph if preprocessor is None else task_signature(model, preprocessor, graph)
 
 
+def graph_of(model: Any) -> Any:
+    """The model's graph of layers: a Keras 3 Sequential wraps a functional model."""
+    return getattr(model, "_functional", None) or model
+
+
+def input_tensors(model: Any) -> tuple[list[str], list[Any], Any] | None:
+    """The names and symbolic tensors of the model's inputs, in signature order, and how
+    ``model()`` takes them (see :attr:`Signature.input_structure`); None for a model with no
+    graph (a subclassed one)."""
+    # the model's own nesting of its symbolic inputs (Keras 3, then tf-keras names)
+    inputs_struct = _first_attr(graph_of(model), "_inputs_struct", "_nested_inputs")
+    if inputs_struct is None:
+        return None
+    if isinstance(inputs_struct, dict):
+        names = list(inputs_struct)
+        return names, [inputs_struct[k] for k in names], tuple(names)
+    tensors = flavour.current().flatten(inputs_struct)
+    single = len(tensors) == 1 and not isinstance(inputs_struct, (list, tuple))
+    return [_input_name(t) for t in tensors], tensors, None if single else "list"
+
+
 def _graph_signature(model: Any) -> Signature:
     """Input and output specs of the model's own call."""
     rt = flavour.current()
-    graph = getattr(model, "_functional", None) or model  # a Keras 3 Sequential wraps one
-    # the model's own nesting of its symbolic inputs/outputs (Keras 3, then tf-keras names)
-    inputs_struct = _first_attr(graph, "_inputs_struct", "_nested_inputs")
-    if inputs_struct is not None:
-        if isinstance(inputs_struct, dict):
-            names = list(inputs_struct)
-            tensors = [inputs_struct[k] for k in names]
-            input_structure: Any = tuple(names)
-        else:
-            tensors = rt.flatten(inputs_struct)
-            names = [_input_name(t) for t in tensors]
-            single = len(tensors) == 1 and not isinstance(inputs_struct, (list, tuple))
-            input_structure = None if single else "list"
+    graph = graph_of(model)
+    found = input_tensors(model)
+    if found is not None:
+        names, tensors, input_structure = found
         inputs = tuple(TensorSpec(n, _known(t.shape, f"input {n!r}"), rt.dtype_name(t.dtype))
                        for n, t in zip(names, tensors))
         outputs_struct = _first_attr(graph, "_outputs_struct", "_nested_outputs")

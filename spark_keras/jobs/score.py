@@ -1,8 +1,8 @@
 """Score a parquet or CSV dataset with a Keras model on Spark (classic or Spark Connect).
 
     spark-keras score --model model.keras --input data.parquet --output scored.parquet \\
-        --features features [--batch-size 1024] [--master local[*]] [--overwrite] \\
-        [--on-invalid error|null [--error-col error] [--max-invalid N|F]] [--id-col id]
+        --features features [--batch-size 1024] [--buckets N|B1,B2,...] [--master local[*]] \\
+        [--overwrite] [--on-invalid error|null [--error-col error] [--max-invalid N|F]] [--id-col id]
         [--version-col model_version [--model-version LABEL]]
         [--metrics-json metrics.json] [--conf key=value ...] [--properties-file F] [--verbose]
 
@@ -68,6 +68,13 @@ from spark_keras.jobs.score_run import run
 PROG = "score.py"  # this file's name: what spark-submit runs and what errors start with
 
 
+def _buckets(text: str) -> int | tuple[int, ...]:
+    """``--buckets``: ``N`` (a count of lengths) or ``B1,B2,...`` (the lengths)."""
+    if "," not in text:
+        return int(text)
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
 def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     """The job's options (``--help`` lists them)."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
@@ -78,6 +85,11 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--features", required=True, help="comma-separated input column(s)")
     p.add_argument("--output-col", default="prediction")
     p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--buckets", type=_buckets, default=None, metavar="N|B1,B2,...",
+                   help="for a model that masks its variable-length inputs: pad each batch's "
+                        "rows into at most N lengths, or to the lengths B1,B2,... (a single "
+                        "one as B1,), one model call per bucket (default: rows grouped by "
+                        "exact length)")
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[*]")
     p.add_argument("--remote", default=os.environ.get("SPARK_REMOTE") or None,
                    help="Spark Connect URL (sc://host:port, or local[N] for a local server); "

@@ -12,7 +12,8 @@ import uuid
 from typing import Any, Iterator
 
 from spark_keras.errors import ArgumentError, StorageError
-from spark_keras.inference.options import FLAGS, check_error_col, check_max_invalid
+from spark_keras.inference.buckets import checked
+from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
 from spark_keras.jobs.score_errors import JobError
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths
@@ -47,6 +48,7 @@ def _check_options(args: argparse.Namespace) -> None:
     try:
         check_error_col(args.error_col, args.on_invalid, FLAGS)
         args.max_invalid = check_max_invalid(args.max_invalid, args.on_invalid, FLAGS)
+        args.buckets = check_buckets(args.buckets, FLAGS)
     except ArgumentError as exc:
         raise JobError(str(exc)) from None
     if args.metrics_json is not None:
@@ -147,6 +149,10 @@ def run(args: argparse.Namespace) -> dict:
                                         version=args.model_version)
         except sk.SparkKerasError as exc:  # StorageError, PayloadError...
             raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
+        try:  # the model takes padded rows, or this says why
+            checked(handle, args.buckets, FLAGS)
+        except ArgumentError as exc:
+            raise JobError(str(exc)) from None
 
         from pyspark.sql import Observation
 
@@ -154,7 +160,8 @@ def run(args: argparse.Namespace) -> dict:
         scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
                                   on_invalid=args.on_invalid, error_col=args.error_col,
                                   observe=observation, max_invalid=args.max_invalid,
-                                  id_col=args.id_col, version_col=args.version_col)
+                                  id_col=args.id_col, version_col=args.version_col,
+                                  buckets=args.buckets)
         started = time.perf_counter()
         _publish(scored, paths, args.output)
         seconds = time.perf_counter() - started

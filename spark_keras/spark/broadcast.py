@@ -316,29 +316,32 @@ class BroadcastModel(ModelHandle):
     # --- inference helpers -----------------------------------------------------------
 
     def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                    on_invalid: str = "error", max_invalid: float | None = None) -> Any:
+                    on_invalid: str = "error", max_invalid: float | None = None,
+                    buckets: Any = None) -> Any:
         """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
 
-        Columns: one array/Vector/scalar column per model input, several scalar columns
-        stacked as the features of a single-input model, or a struct column
-        (``udf(struct(*cols))``) whose fields are stacked the same way or matched by name
-        to a multi-input model's named inputs (see :mod:`spark_keras.inference.columns`).
-        Arrow-native (``arrow_udf``) on PySpark >= 4.1, a pandas UDF before. The row count
-        never changes.
+        Columns: one array/Vector/scalar column per model input, several scalar columns stacked as
+        the features of a single-input model, or a struct column (``udf(struct(*cols))``) whose
+        fields are stacked the same way or matched by name to a multi-input model's named inputs
+        (see :mod:`spark_keras.inference.columns`). Arrow-native (``arrow_udf``) on PySpark >= 4.1,
+        a pandas UDF before. The row count never changes.
 
         Args:
             return_type: the result's Spark type (a ``DataType`` or a DDL string), instead
                 of the one the model's outputs give.
             batch_size: rows per model call.
-            on_invalid: ``"error"`` (default) fails the task on a null, NaN/inf or wrongly
-                shaped row, naming the column and row, and on a row the model (or the
-                preprocess function) raises on (:class:`~spark_keras.errors.ModelCallError`,
-                found by retrying the batch in parts); ``"null"`` gives such rows a null
-                prediction and scores the rest.
-            max_invalid: (with ``"null"``) a count (>= 1) or a fraction (< 1) of invalid
-                rows per task beyond which the task fails with
-                :class:`~spark_keras.errors.InvalidRowsError` (counted per task: a count as
-                soon as it is passed, a fraction over all the task's rows).
+            on_invalid: ``"error"`` (default) fails the task on a null, NaN/inf or wrongly shaped
+                row, naming the column and row, and on a row the model (or the preprocess
+                function) raises on (:class:`~spark_keras.errors.ModelCallError`, found by
+                retrying the batch in parts); ``"null"`` gives such rows a null prediction.
+            max_invalid: (with ``"null"``) a count (>= 1) or a fraction (< 1) of invalid rows per
+                task beyond which it fails with :class:`~spark_keras.errors.InvalidRowsError`
+                (counted per task: a count as soon as it is passed, a fraction over all its rows).
+            buckets: for a model that masks its variable-length inputs (``Masking``,
+                ``Embedding(mask_zero=True)``, a keras-hub ``padding_mask``): pad a batch's rows
+                into at most this many lengths (an int), or to these lengths (a sequence), one
+                model call per bucket, each prediction staying its row's own (within 1e-5); an
+                ``ArgumentError`` where padding would change them (:mod:`spark_keras.inference.buckets`).
 
         Returns:
             The UDF. Its column is a scalar for a single-unit output, (nested) arrays for
@@ -348,21 +351,20 @@ class BroadcastModel(ModelHandle):
 
         self.check_usable()
         return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
-                                  on_invalid=on_invalid, max_invalid=max_invalid)
+                                  on_invalid=on_invalid, max_invalid=max_invalid, buckets=buckets)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
                   profile: Any = None, error_col: str | None = None,
-                  observe: Any = None, max_invalid: float | None = None,
+                  observe: Any = None, max_invalid: float | None = None, buckets: Any = None,
                   id_col: str | None = None, version_col: str | None = None) -> Any:
         """Score ``df``, with zero-copy Arrow-to-numpy conversion.
 
-        On PySpark >= 4.1 only the input columns travel to Python and only the new
-        columns come back (an ``arrow_udf``: columns Arrow cannot carry, such as
-        intervals, stay in the JVM); with a ``profile``, or before PySpark 4.1, whole rows
-        go through ``mapInArrow``. As with any column, the prediction is computed where an
-        action needs it: ``count()`` alone scores nothing (and raises no input error);
-        write or collect the output.
+        On PySpark >= 4.1 only the input columns travel to Python and only the new columns come
+        back (an ``arrow_udf``: columns Arrow cannot carry, such as intervals, stay in the JVM);
+        with a ``profile``, or before PySpark 4.1, whole rows go through ``mapInArrow``. As with
+        any column, the prediction is computed where an action needs it: ``count()`` alone
+        scores nothing (and raises no input error); write or collect the output.
 
         Args:
             df: the DataFrame to score.
@@ -374,30 +376,28 @@ class BroadcastModel(ModelHandle):
                 (PySpark >= 4.0; stage-level scheduling: more CPUs, or GPUs, per scoring
                 task); TensorFlow's thread pools and the model's device follow each task's
                 resources (see :mod:`spark_keras.spark.resources`).
-            error_col: (with ``on_invalid="null"`` only) a string column added too, null
-                for scored rows and, for each invalid row, what ``on_invalid="error"``
-                would have raised for it (the column, what is wrong, what the input
-                expects), or for a row the model or the preprocess function raised on,
-                ``"model: <Error>: <message>"``.
-            observe: a ``pyspark.sql.Observation`` (or a name, for streaming queries,
-                whose progress then reports ``observedMetrics[name]``) that, once an
-                action has run, holds ``rows``, ``invalid_rows``, ``model_builds`` (builds
-                of this model in the Python workers while the query's tasks ran: 0 where a
-                worker had it cached) and ``build_seconds``.
+            error_col: (with ``on_invalid="null"`` only) a string column added too, null for
+                scored rows and, for each invalid row, what ``on_invalid="error"`` would have
+                raised for it (the column, what is wrong, what the input expects), or for a row
+                the model or the preprocess function raised on, ``"model: <Error>: <message>"``.
+            observe: a ``pyspark.sql.Observation`` (or a name, for streaming queries, whose
+                progress then reports ``observedMetrics[name]``) that, once an action has run,
+                holds ``rows``, ``invalid_rows``, ``model_builds`` (this model's builds in the
+                Python workers during the query's tasks: 0 where cached) and ``build_seconds``.
             max_invalid: as in :meth:`predict_udf`.
+            buckets: as in :meth:`predict_udf`.
             id_col: a column naming each row (a record id): errors and ``error_col``
                 reasons say ``row id=17`` instead of ``row 10 of this batch``.
             version_col: a string column added too: the label of the model version
                 that scored the row (see :meth:`update`).
 
         Returns:
-            ``df`` with every column kept plus ``output_col`` (and ``error_col``,
-            ``version_col``).
+            ``df`` with every column kept plus ``output_col`` (and ``error_col``, ``version_col``).
 
         Raises:
-            ModelInputError: on the driver, for input columns the schema already shows
-                the model cannot take (a count of columns its input cannot take, a
-                string column for a numeric input...); rows are checked in the workers.
+            ModelInputError: on the driver, for input columns the schema already shows the model
+                cannot take (a count of columns its input cannot take, a string column for a
+                numeric input...); rows are checked in the workers.
         """
         from . import scoring
 
@@ -405,11 +405,11 @@ class BroadcastModel(ModelHandle):
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                                  on_invalid=on_invalid, profile=profile, error_col=error_col,
                                  observe=observe, max_invalid=max_invalid, id_col=id_col,
-                                 version_col=version_col)
+                                 version_col=version_col, buckets=buckets)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
                           on_invalid: str = "error", max_invalid: float | None = None,
-                          id_col: str | None = None) -> Iterator[Any]:
+                          id_col: str | None = None, buckets: Any = None) -> Iterator[Any]:
         """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
 
         Args:
@@ -418,6 +418,7 @@ class BroadcastModel(ModelHandle):
             batch_size: rows per model call.
             on_invalid: as in :meth:`predict_udf` (the partition is the task).
             max_invalid: as in :meth:`predict_udf` (the partition is the task).
+            buckets: as in :meth:`predict_udf` (checked in the task).
             id_col: a field of each row (a ``Row`` or a dict) naming it in errors (``row
                 id=17``); the row's other fields are the model's inputs.
 
@@ -429,14 +430,13 @@ class BroadcastModel(ModelHandle):
             SparkKerasError: on Spark Connect, which has no RDDs.
         """
         if not self._transport.rdds:
-            raise SparkKerasError(
-                "predict_partition is for rdd.mapPartitions, and Spark Connect has no RDDs: "
-                "use bm.transform(df, ...) or bm.predict_udf(), or your own df.mapInArrow "
-                "function calling bm.predictor")
+            raise SparkKerasError("predict_partition is for rdd.mapPartitions, and Spark Connect has "
+                                  "no RDDs: use bm.transform(df, ...) or bm.predict_udf(), or your "
+                                  "own df.mapInArrow function calling bm.predictor")
         from . import scoring
 
         return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
-                                    max_invalid=max_invalid, id_col=id_col)
+                                    max_invalid=max_invalid, id_col=id_col, buckets=buckets)
 
     # --- lifecycle -----------------------------------------------------------------------
 

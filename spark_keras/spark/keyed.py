@@ -18,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ArgumentError, ArgumentTypeError, ModelInputError, SparkKerasError
+from ..inference import buckets as bucketing
 from ..inference.engine import Scored
 from ..inference.limits import InvalidBudget
-from ..inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
+from ..inference.options import DEFAULT_BATCH_SIZE, Buckets, check_batch_size, check_on_invalid
 from ..inference.outputs import to_arrow
 from ..inference.specs import Signature, empty_outputs
 from . import scoring, versions
@@ -134,7 +135,7 @@ class KeyedModels:
                   output_col: str = "prediction", *, batch_size: int = DEFAULT_BATCH_SIZE,
                   on_invalid: str = "error", error_col: str | None = None,
                   version_col: str | None = None, max_invalid: float | None = None,
-                  id_col: str | None = None) -> Any:
+                  id_col: str | None = None, buckets: Any = None) -> Any:
         """Score ``df``, each row with the model of its ``key`` column's value.
 
         A row whose key has no model (or is null) is invalid: under ``on_invalid="null"``
@@ -146,8 +147,9 @@ class KeyedModels:
 
         Args:
             df, input_cols, output_col, batch_size, on_invalid, error_col, version_col,
-                max_invalid, id_col: as for :meth:`BroadcastModel.transform`
-                (``version_col``: the version of the row's key's model).
+                max_invalid, id_col, buckets: as for :meth:`BroadcastModel.transform`
+                (``version_col``: the version of the row's key's model; ``buckets``: every
+                key's model must mask its padding).
             key: the column holding each row's key.
 
         Returns:
@@ -157,10 +159,12 @@ class KeyedModels:
         if not isinstance(key, str) or not key:
             raise ArgumentTypeError(f"key must be the key column's name, not {key!r}")
         self._check_key_type(df.schema, key)
+        for handle in self._handles.values():  # each model on the driver
+            buckets = bucketing.checked(handle, buckets)
         return scoring.transform(self, df, input_cols, output_col,  # type: ignore[arg-type]
                                  batch_size=batch_size, on_invalid=on_invalid, error_col=error_col,
-                                 max_invalid=max_invalid, id_col=id_col,
-                                 version_col=version_col, key_col=key, scorer=keyed_columns)
+                                 max_invalid=max_invalid, id_col=id_col, version_col=version_col,
+                                 key_col=key, scorer=keyed_columns, buckets=buckets)
 
     def predict_udf(self, *, batch_size: int = DEFAULT_BATCH_SIZE,
                     on_invalid: str = "error") -> Callable[..., Any]:
@@ -219,7 +223,7 @@ class KeyedModels:
 def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Sequence[pa.Array]],
                   *, batch_size: int, on_invalid: str, reasons: bool, figures: bool = False,
                   max_invalid: float | None = None, id_col: str | None = None,
-                  version: bool = False) -> Iterator[list[pa.Array]]:
+                  version: bool = False, buckets: Buckets = None) -> Iterator[list[pa.Array]]:
     """In a task: per batch of ``[key, *inputs(, id)]`` columns, what
     :func:`~.scoring._scored_columns` gives, each key's rows scored by its model."""
     keys = models.keys()
@@ -251,7 +255,8 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
             task = models[keys[code]].for_task()
             parts.append(scoring.batch_columns(task, names, rows, batch_size=batch_size,
                                                on_invalid=on_invalid, reasons=reasons,
-                                               version=version, ids=ids, budget=budget)[1])
+                                               version=version, ids=ids, budget=budget,
+                                               buckets=buckets)[1])
         out = [pa.concat_arrays([p[j] for p in parts]) for j in range(len(parts[0]))] \
             if len(parts) > 1 else parts[0]
         if order_array is not None:  # back in row order

@@ -11,11 +11,12 @@ from ..inference.options import (
     DEFAULT_BATCH_SIZE,
     ML_PARAMS,
     check_batch_size,
+    check_buckets,
     check_max_invalid,
     check_on_invalid,
 )
 
-__all__ = ["KerasTransformerParams", "to_batch_size", "to_on_invalid", "to_max_invalid"]
+__all__ = ["KerasTransformerParams", "to_batch_size", "to_on_invalid", "to_max_invalid", "to_buckets"]
 
 
 def to_batch_size(value: Any) -> int:
@@ -49,6 +50,17 @@ def to_max_invalid(value: Any) -> float:
     return float(limit)  # type: ignore[arg-type]
 
 
+def to_buckets(value: Any) -> int | list[int] | None:
+    """``value`` as ``buckets``: a count of lengths (an int >= 1) or bucket lengths (a
+    strictly increasing list of positive ints, kept as a list: Params are saved as JSON).
+
+    Raises:
+        ArgumentError: anything else.
+    """
+    buckets = check_buckets(value, ML_PARAMS)
+    return list(buckets) if isinstance(buckets, tuple) else buckets
+
+
 class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
     """Params of :class:`~spark_keras.ml.KerasTransformer`."""
 
@@ -80,6 +92,12 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
         "by its value (row id=17) instead of its place in a batch",
         typeConverter=TypeConverters.toString)
 
+    buckets: "Param[Any]" = Param(
+        Params._dummy(), "buckets",
+        "for a model that masks its variable-length inputs: pad each batch's rows into at "
+        "most this many lengths (an int), or to these lengths (a list), one model call per "
+        "bucket, each row's prediction its own (see BroadcastModel.predict_udf)",
+        typeConverter=to_buckets)
     versionCol: "Param[str]" = Param(
         Params._dummy(), "versionCol",
         "a string column added with the label of the model version that scored each row "
@@ -109,6 +127,10 @@ class KerasTransformerParams(HasInputCol, HasInputCols, HasOutputCol):
     def getVersionCol(self) -> str | None:
         """Gets the value of versionCol (None: not set, no version column)."""
         return self.getOrDefault(self.versionCol) if self.isDefined(self.versionCol) else None
+
+    def getBuckets(self) -> int | list[int] | None:
+        """Gets the value of buckets (None: not set, rows grouped by exact shape)."""
+        return self.getOrDefault(self.buckets) if self.isDefined(self.buckets) else None
 
     def getMaxInvalid(self) -> float | int | None:
         """Gets the value of maxInvalid (None: not set, no limit); a count as an int."""

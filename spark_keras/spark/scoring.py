@@ -13,10 +13,18 @@ import pyarrow as pa
 
 from ..errors import ArgumentTypeError, ModelInputError
 from ..handle import ModelHandle
+from ..inference import buckets as bucketing
 from ..inference import columns as cols
 from ..inference.engine import Scored, score
 from ..inference.limits import InvalidBudget
-from ..inference.options import check_batch_size, check_error_col, check_max_invalid, check_on_invalid
+from ..inference.options import (
+    Buckets,
+    check_batch_size,
+    check_buckets,
+    check_error_col,
+    check_max_invalid,
+    check_on_invalid,
+)
 from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
 from . import figures as build_figures
@@ -42,9 +50,10 @@ class PredictUDF:
 
     def __init__(self, handle: ModelHandle, *, return_type: Any = None,
                  batch_size: int, on_invalid: str = "error",
-                 max_invalid: float | None = None) -> None:
+                 max_invalid: float | None = None, buckets: Any = None) -> None:
         check_on_invalid(on_invalid)
         self.max_invalid = check_max_invalid(max_invalid, on_invalid)
+        self.buckets = bucketing.checked(handle, buckets)
         self.handle = handle
         self.returnType = spark_type(return_type) if return_type is not None \
             else prediction_type(handle.signature)
@@ -60,12 +69,12 @@ class PredictUDF:
         score_batches = functools.partial(_scored_columns, self.handle, names,
                                           batch_size=self.batch_size, on_invalid=self.on_invalid,
                                           reasons=False, figures=False,
-                                          max_invalid=self.max_invalid)
+                                          max_invalid=self.max_invalid, buckets=self.buckets)
         udf = _arrow_udf_of(score_batches, len(names), [StructField("prediction", self.returnType)])
         if udf is None:  # PySpark < 4.1: a pandas UDF
             run = functools.partial(score, self.handle, batch_size=self.batch_size,
                                     on_invalid=self.on_invalid,
-                                    reasons=self.max_invalid is not None)
+                                    reasons=self.max_invalid is not None, buckets=self.buckets)
             udf = _make_pandas_udf(names, self.returnType, run, self.max_invalid)
         return udf(*columns)
 
@@ -126,7 +135,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               profile: Any = None, error_col: str | None = None, observe: Any = None,
               max_invalid: float | None = None, id_col: str | None = None,
               version_col: str | None = None, key_col: str | None = None,
-              scorer: Any = None) -> Any:
+              scorer: Any = None, buckets: Any = None) -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
     scored rows; it needs ``on_invalid="null"``; and ``version_col``: the label of the
     model version that scored each row), observed as ``observe`` (an
@@ -140,13 +149,15 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
 
     With ``key_col`` (:class:`~spark_keras.spark.keyed.KeyedModels`), that column goes to
     the workers first and ``scorer`` (with :func:`_scored_columns`'s parameters) scores
-    each batch's rows with the model of their key."""
+    each batch's rows with the model of their key (whose models the caller checks take
+    ``buckets``, :func:`~spark_keras.inference.buckets.checked`)."""
     from pyspark.sql.types import StringType, StructField
 
     check_on_invalid(on_invalid)
     check_profile(profile)
     batch_size = check_batch_size(batch_size)
     max_invalid = check_max_invalid(max_invalid, on_invalid)
+    buckets = bucketing.checked(handle, buckets) if scorer is None else check_buckets(buckets)
     _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
     schema = df.schema  # one analysis (a round trip on Connect) for every check below
@@ -182,7 +193,8 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     score_batches = functools.partial(scorer or _scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
                                       figures=observe is not None, max_invalid=max_invalid,
-                                      id_col=id_col, version=version_col is not None)
+                                      id_col=id_col, version=version_col is not None,
+                                      buckets=buckets)
     udf = None if profile is not None else _arrow_udf_of(score_batches, len(sent), fields)
     if udf is not None:
         return _with_udf_columns(df, udf, sent, fields, observe)
@@ -206,14 +218,15 @@ def _metrics(column: Any, output_col: str) -> list:
 def _scored_columns(handle: ModelHandle, names: list[str],
                     batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
                     on_invalid: str, reasons: bool, figures: bool,
-                    max_invalid: float | None = None,
-                    id_col: str | None = None, version: bool = False) -> Iterator[list[pa.Array]]:
+                    max_invalid: float | None = None, id_col: str | None = None,
+                    version: bool = False, buckets: Buckets = None) -> Iterator[list[pa.Array]]:
     """Per batch of input columns (in ``names`` order, then ``id_col``'s values, which
     name the rows in errors and reasons): the prediction, the reasons
     (``reasons``), the version's label (``version``) and the hidden figures columns
     (``figures``: the builds this process made for this query that this stage has not
     reported, see :mod:`.figures`). The batches are one task's, scored by one version
-    of the model: its invalid rows are held against ``max_invalid``."""
+    of the model: its invalid rows are held against ``max_invalid``; ``buckets``
+    (checked) pads variable-length rows (:mod:`spark_keras.inference.buckets`)."""
     handle = handle.for_task()
     budget = InvalidBudget(max_invalid)
     if figures:
@@ -224,7 +237,7 @@ def _scored_columns(handle: ModelHandle, names: list[str],
         ids = None if id_col is None else (id_col, arrays.pop())
         scored, out = batch_columns(handle, names, arrays, batch_size=batch_size,
                                     on_invalid=on_invalid, reasons=reasons, version=version,
-                                    ids=ids, budget=budget)
+                                    ids=ids, budget=budget, buckets=buckets)
         if figures:
             now = build_figures.builds_of(handle.key)
             build_figures.ledger.add(handle.key, query, now[0] - seen[0], now[1] - seen[1])
@@ -239,12 +252,14 @@ def _scored_columns(handle: ModelHandle, names: list[str],
 
 def batch_columns(handle: ModelHandle, names: list[str], arrays: Sequence[pa.Array], *,
                   batch_size: int, on_invalid: str, reasons: bool, version: bool,
-                  ids: tuple[str, Any] | None, budget: InvalidBudget) -> tuple[Scored, list[pa.Array]]:
-    """One batch scored by ``handle`` (a task's version): the prediction column, then the
-    reasons (``reasons``) and the version's label (``version``); its invalid rows are held
-    against ``budget``."""
+                  ids: tuple[str, Any] | None, budget: InvalidBudget,
+                  buckets: Buckets = None) -> tuple[Scored, list[pa.Array]]:
+    """One batch scored by ``handle`` (a task's version), its variable-length rows padded
+    into ``buckets`` if given: the prediction column, then the reasons (``reasons``) and the
+    version's label (``version``); its invalid rows are held against ``budget``."""
     scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
-                   on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids)
+                   on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids,
+                   buckets=buckets)
     budget.add(scored)
     out = [to_arrow(scored)]
     if reasons:
@@ -379,14 +394,16 @@ def _reasons(scored: Scored) -> pa.Array:
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
                  on_invalid: str = "error", max_invalid: float | None = None,
-                 id_col: str | None = None) -> Iterator[Any]:
+                 id_col: str | None = None, buckets: Any = None) -> Iterator[Any]:
     """One prediction per row, in order (None for invalid rows under ``"null"``); the
     rows are one task's, their invalid ones held against ``max_invalid``; with ``id_col``
-    each row's field of that name names it in errors and is not an input."""
+    each row's field of that name names it in errors and is not an input; ``buckets``
+    checked against this process's model (the task's: there is no driver here)."""
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
     budget = InvalidBudget(check_max_invalid(max_invalid, on_invalid))
     handle = handle.for_task()  # one version for the whole partition
+    buckets = bucketing.checked(handle, buckets)
     signature = handle.predictor.signature  # this process's model's (input names)
     buffer: list[Any] = []
     position = 0
@@ -394,12 +411,12 @@ def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
         buffer.append(row)
         if len(buffer) >= batch_size:
             yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid,
-                                   budget, id_col)
+                                   budget, id_col, buckets)
             position += len(buffer)
             buffer = []
     if buffer:
         yield from _score_rows(handle, signature, buffer, position, batch_size, on_invalid,
-                               budget, id_col)
+                               budget, id_col, buckets)
     budget.finish()
 
 
@@ -429,7 +446,7 @@ def _without_id(row: Any, id_col: str, index: int, lenient: bool) -> tuple[Any, 
 
 def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row: int,
                 batch_size: int, on_invalid: str, budget: InvalidBudget,
-                id_col: str | None = None) -> Iterator[Any]:
+                id_col: str | None = None, buckets: Buckets = None) -> Iterator[Any]:
     ids = None
     if id_col is not None:
         lenient = on_invalid == "null"
@@ -438,6 +455,7 @@ def _score_rows(handle: ModelHandle, signature: Any, rows: list[Any], first_row:
     columns = columns_of_rows(rows) if handle.preprocess is not None \
         else cols.from_rows(rows, signature, first_row)
     scored = score(handle, columns, batch_size=batch_size, on_invalid=on_invalid,
-                   where="partition", first_row=first_row, reasons=budget.active, ids=ids)
+                   where="partition", first_row=first_row, reasons=budget.active, ids=ids,
+                   buckets=buckets)
     budget.add(scored)
     yield from to_rows(scored)
