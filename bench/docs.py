@@ -228,9 +228,10 @@ def _inputs(results: dict) -> list[str]:
         "that pad the fewest steps and calls the model once per bucket (the mask keeps each "
         "prediction the row's own). The variants and transforms take turns in each round (3 "
         "rounds, each run after a warm-up), best run kept. The raw "
-        "rows are the model alone on one batch of 1,024 such rows, grouped by length by hand "
-        "(one compiled call per length), or bucketed as `buckets=8` buckets them (the same "
-        "lengths chosen, padded with zeros by hand, one call per bucket). `padding %`: the "
+        "rows are the model alone on the rows transform's engine meets, one partition's "
+        "Arrow batch (2,500 such rows), grouped by length by hand (compiled calls of up to "
+        "1,024 rows per length), or bucketed as `buckets=8` buckets them (the same lengths "
+        "chosen, padded with zeros by hand, calls of up to 1,024 rows per bucket). `padding %`: the "
         "padded steps among all the steps fed to the model. Predictions checked as above.", "",
         table(results["inputs_lengths"], floatfmt="{:,.2f}"), "",
         "Reading the sequence rows: the raw rows are the model's own cost of meeting many "
