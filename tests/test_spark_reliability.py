@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import spark_keras as sk
-from spark_keras.spark.transport import transport_for
+from spark_keras.spark.transport import BroadcastTransport
 
 from . import models
 from .conftest import builds_by_worker, make_spark, run_script, worker_cache_infos
@@ -156,7 +156,7 @@ def test_flavour_mismatch_is_reported_on_the_executor(spark):
         header["keras"].update(flavour="tf_keras", version="2.21.0")
 
     edited = rewrite_header(sk.dumps(model), as_tf_keras)
-    bm._transport, bm._nbytes = transport_for(spark, bm.key, edited), len(edited)
+    bm._transport, bm._nbytes = BroadcastTransport(spark.sparkContext, edited), len(edited)
     bm._model = None  # behave like a handle whose driver copy is gone: build from the payload
     df = spark.createDataFrame([(1, [1.0] * 4)], "id long, f array<float>")
     with pytest.raises(Exception, match=r"tf_keras.*2\.21\.0.*keras3.*3\.\d+.*TF_USE_LEGACY_KERAS"):
