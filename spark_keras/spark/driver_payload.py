@@ -36,8 +36,9 @@ LARGE_PAYLOAD = 64 * 2**20
 
 @dataclasses.dataclass
 class DriverPayload:
-    """A model and its payload on the driver: in memory (``data``) or in a file
-    (``path``, in the driver's version server's folder), never both."""
+    """A model and its payload on the driver: in memory (``data``: a small one, or a
+    URI's), in a file (``path``, in the driver's version server's folder: a large one), or
+    both once the version server keeps a copy of one in memory."""
 
     model: Any
     nbytes: int
