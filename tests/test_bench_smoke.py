@@ -3,6 +3,7 @@ prediction check fails loudly."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import re
@@ -251,13 +252,18 @@ def _printed_table(out: str, column: str) -> list[dict[str, str]]:
 
 
 def test_pss_tells_private_memory_from_mapped_files(tmp_path):
-    before = pss_kb()
-    private = np.ones(8 * 2**20)  # 64 MiB, touched
     path = tmp_path / "data"
     path.write_bytes(b"\1" * 32 * 2**20)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        assert len(mapped[::4096]) == 8192  # every page read
-        after = pss_kb()
+    gc.collect()  # what earlier tests left for the collector goes now, not in between
+    gc.disable()
+    try:
+        before = pss_kb()
+        private = np.ones(8 * 2**20)  # 64 MiB, touched
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            assert len(mapped[::4096]) == 8192  # every page read
+            after = pss_kb()
+    finally:
+        gc.enable()
     assert after["anon"] - before["anon"] >= 63 * 1024
     assert after["file"] - before["file"] >= 31 * 1024
     assert private.sum() == 8 * 2**20
