@@ -110,6 +110,7 @@ def test_ship_is_checked():
         driver_payload.check_ship("broadcast", connect=True)
 
 
+@pytest.mark.slow  # a fresh driver JVM and a 0.6 GiB model: about 70 s
 def test_a_payload_larger_than_the_driver_heap_ships_and_scores_exactly():
     """0.6 GiB of weights, a 512 MiB driver heap (local mode: the executor's too)."""
     result = large_bench.launch(0.6, "auto", master="local[2]", driver_memory="512m")
