@@ -135,3 +135,20 @@ def test_a_payload_larger_than_every_heap_crosses_executors():
     assert all(p["rss"] < 1.2 * 2**20 for p in executors), executors  # KiB: under the model
     grew = result["driver_python_ship_peak_mib"] - result["driver_python_before_mib"]
     assert grew < 0.25 * result["weights_gib"] * 1024, result
+
+
+def test_a_payload_that_cannot_load_leaves_no_file_on_the_driver(spark, tmp_path):
+    from spark_keras.spark import version_server
+
+    path = str(tmp_path / "damaged.skp")
+    sk.save(wide_model(8), path)
+    with open(path, "r+b") as f:  # one byte of the body flipped: the digest refuses it
+        f.seek(-1000, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1000, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(sk.errors.PayloadError):
+        sk.BroadcastModel(spark, path, ship="driver")  # copied to the driver's folder first
+    folder = version_server._server._folder  # made for the copy
+    assert folder and os.path.isdir(folder)
+    assert not [n for n in os.listdir(folder) if n.endswith(".part")]

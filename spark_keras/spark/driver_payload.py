@@ -14,12 +14,13 @@ straight from storage (:class:`~.transport.StorageTransport`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import re
 import shutil
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import ArgumentTypeError
 from ..payload import codec
@@ -87,31 +88,46 @@ def read(model_or_path: Any, custom_objects: Mapping[str, Any] | None, safe_mode
         location = os.fspath(model_or_path)
         kind = None if is_uri(location) else _large_file_kind(location, to_file, limit)
         if kind == "payload":
-            path = new_file()
-            shutil.copyfile(location, path)  # streamed, file to file
-            # the driver's model on weights mapped from the copy: no copy in memory
-            model = codec.load(path, custom_objects=custom_objects, safe_mode=safe_mode,
-                               share_weights=True)
+            with _new_file(new_file) as path:
+                shutil.copyfile(location, path)  # streamed, file to file
+                # the driver's model on weights mapped from the copy: no copy in memory
+                model = codec.load(path, custom_objects=custom_objects, safe_mode=safe_mode,
+                                   share_weights=True)
             return DriverPayload(model, os.path.getsize(path), path=path)
         if kind == "keras":
             return _written(load_keras(location, custom_objects, safe_mode), custom_objects,
-                            new_file())
+                            new_file)
         model, data, stored = open_model(location, custom_objects=custom_objects,
                                          safe_mode=safe_mode)
         return DriverPayload(model, len(data), data=data, stored=stored)
     model = model_or_path
     if to_file or weights_nbytes(model) > limit:
-        return _written(model, custom_objects, new_file())
+        return _written(model, custom_objects, new_file)
     data = codec.dumps(model, custom_objects=custom_objects)
     return DriverPayload(model, len(data), data=data)
 
 
-def _written(model: Any, custom_objects: Mapping[str, Any] | None, path: str) -> DriverPayload:
-    codec.save(model, path, custom_objects=custom_objects)
+def _written(model: Any, custom_objects: Mapping[str, Any] | None,
+             new_file: Callable[[], str]) -> DriverPayload:
+    with _new_file(new_file) as path:
+        codec.save(model, path, custom_objects=custom_objects)
     nbytes = os.path.getsize(path)
     logger.info("payload of %s written to %s (%.1f MB): shipped from the driver's file",
                 type(model).__name__, path, nbytes / 2**20)
     return DriverPayload(model, nbytes, path=path)
+
+
+@contextlib.contextmanager
+def _new_file(new_file: Callable[[], str]) -> Iterator[str]:
+    """A path from ``new_file()``, removed again if the block raises (a model that cannot
+    be saved or loaded leaves nothing in the version server's folder)."""
+    path = new_file()
+    try:
+        yield path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
 
 
 def _large_file_kind(path: str, to_file: bool, limit: float) -> str | None:
