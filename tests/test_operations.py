@@ -139,6 +139,9 @@ def test_streaming_query_reports_the_figures(spark, bm, tmp_path):
                                  "features": pa.array([r for _, r in rows],
                                                       pa.list_(pa.float64()))}),
                        folder / f"part-{part}.parquet")
+        # the file source orders by modification time; files written within one
+        # clock tick tie and come in listing order (Spark 3.5 took part-1 first)
+        os.utime(folder / f"part-{part}.parquet", (1_700_000_000 + part * 60,) * 2)
     stream = spark.readStream.schema("id long, features array<double>") \
         .option("maxFilesPerTrigger", 1).parquet(str(folder))
     scored = bm.transform(stream, "features", on_invalid="null", error_col="error",
