@@ -128,12 +128,12 @@ class BroadcastModel(ModelHandle):
         self._custom_objects, self._safe_mode = custom_objects, safe_mode
         self._versions: version_server.Address | None = server.address
         self._version, self._index, self._first_label = label, 1, label
-        served = None
-        if payload.stored is not None or is_connect(spark) or payload.data is None \
-                or ship == "driver":  # the driver keeps the payload: see transport_for
+
+        def keep() -> ServedTransport:  # the driver's copy, where transport_for needs one
             payload.path = server.keep_payload(self._name, 1, payload.kept)
-            served = ServedTransport(server.address, self._name, 1)
-        self._transport = transport_for(spark, self._key, payload, served, ship)
+            return ServedTransport(server.address, self._name, 1)
+
+        self._transport = transport_for(spark, self._key, payload, keep, ship)
         self._schedule: versions.Schedule | None = versions.Schedule(
             versions.Version(1, label, self._name, payload.nbytes))
         self._watch = versions.Watch(self, payload.stored, refresh) if refresh is not None else None

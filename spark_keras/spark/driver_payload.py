@@ -47,14 +47,6 @@ class DriverPayload:
     path: str | None = None
     stored: StoredModel | None = None  # a model given by URI
 
-    def read(self) -> bytes:
-        """The payload's bytes (read from its file if it has one)."""
-        if self.data is not None:
-            return self.data
-        assert self.path is not None
-        with open(self.path, "rb") as f:
-            return f.read()
-
     @property
     def kept(self) -> Any:
         """What the version server keeps of it: the file's path, else the bytes."""

@@ -24,7 +24,7 @@ import glob
 import logging
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 from .. import flavour
 from ..errors import PayloadChangedError, PayloadError, SparkKerasError
@@ -46,21 +46,27 @@ def is_connect(spark: Any) -> bool:
 
 
 def transport_for(spark: Any, key: str, payload: DriverPayload,
-                  served: "ServedTransport | None" = None, ship: str = "auto") -> "Transport":
+                  keep: Callable[[], "ServedTransport"], ship: str = "auto") -> "Transport":
     """How ``payload`` reaches ``spark``'s executors: from storage if the model has a
-    URI (``payload.stored``; from the driver, ``served``, once the file there changed);
-    else from the driver's file with ``ship="driver"`` (``served``); else as a session
-    artifact (Connect; ``served`` for the tasks that do not see it); else, on classic
-    Spark, as a broadcast with ``ship="broadcast"`` or when the payload is in memory (a
-    small one, see :mod:`.driver_payload`), from the driver's file (``served``) when not."""
+    URI (``payload.stored``; from the driver once the file there changed); else from the
+    driver's file with ``ship="driver"``; else as a session artifact (Connect; from the
+    driver for the tasks that do not see it); else, on classic Spark, as a broadcast with
+    ``ship="broadcast"`` or when the payload is in memory (a small one, see
+    :mod:`.driver_payload`), from the driver's file when not.
+
+    ``keep()`` is called exactly when the driver must keep a copy to serve: it keeps the
+    payload in the driver's version server (setting ``payload.path``) and gives the
+    :class:`ServedTransport` that reads it from there."""
     if payload.stored is not None:
-        return StorageTransport(payload.stored, rdds=not is_connect(spark), served=served)
+        return StorageTransport(payload.stored, rdds=not is_connect(spark), served=keep())
     if ship != "driver" and is_connect(spark):
-        return ArtifactTransport.upload(spark, key, payload, served)
+        served = keep()
+        assert payload.path is not None, "keep() puts the payload in the driver's file"
+        return ArtifactTransport.upload(spark, key, payload.path, served)
     if ship == "broadcast" or (ship == "auto" and payload.data is not None):
-        return BroadcastTransport(getattr(spark, "sparkContext", spark), payload.read())
-    assert served is not None, "a payload shipped from the driver needs the driver's copy"
-    return served
+        assert payload.data is not None, "a payload to broadcast is read into memory"
+        return BroadcastTransport(getattr(spark, "sparkContext", spark), payload.data)
+    return keep()
 
 
 class Transport:
@@ -212,18 +218,14 @@ class ArtifactTransport(Transport):
     rdds = False
 
     @classmethod
-    def upload(cls, spark: Any, key: str, payload: DriverPayload,
+    def upload(cls, spark: Any, key: str, path: str,
                served: "ServedTransport | None" = None) -> "ArtifactTransport":
-        """Upload ``payload`` (streamed from its file, if it has one) as ``<key>.skp``."""
+        """Upload the payload file at ``path`` (linked, else copied) as ``<key>.skp``."""
         name = f"{key}{host_file.SUFFIX}"
         with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:
-            path = os.path.join(tmp, name)
-            if payload.path is not None:
-                _link_or_copy(payload.path, path)
-            else:
-                with open(path, "wb") as f:
-                    f.write(payload.read())
-            spark.addArtifacts(path, file=True)
+            artifact = os.path.join(tmp, name)
+            _link_or_copy(path, artifact)
+            spark.addArtifacts(artifact, file=True)
         return cls(name, served)
 
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
