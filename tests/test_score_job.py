@@ -160,7 +160,10 @@ FAILURES = {  # case: what the job's one error line says, and its exit status
     "master and remote": ("--master 'local[1]' cannot be combined", 2),
     "bad data": ("column 'features' has type string", 2),  # refused on the driver
     "bad row": ("NaN or infinite", 2),  # a worker's ModelInputError, as its one line
-    "bad master": ("cannot start Spark on master 'locl[2]'", 2),
+    # Spark's own cause, which Py4J puts on a line of its own after the call that failed
+    "bad master": ("cannot start Spark on master 'locl[2]': SparkException: Could not parse "
+                   "Master URL: 'locl[2]'", 2),
+    "unreachable master": ("cannot reach the Spark master 'spark://127.0.0.1:", 2),
     "bad conf": ("--conf 'spark.sql.shuffle.partitions': expected key=value", 2),
 }
 
@@ -188,6 +191,12 @@ def failing_args(folder, case: str, prefix: str) -> list[str]:
         args["--input"] = str(folder / "nan.parquet")
     elif case == "bad master":
         args["--master"] = "locl[2]"
+    elif case == "unreachable master":
+        import socket
+
+        with socket.socket() as s:  # a port nothing listens on once closed
+            s.bind(("127.0.0.1", 0))
+            args["--master"] = f"spark://127.0.0.1:{s.getsockname()[1]}"
     elif case == "bad conf":
         args["--conf"] = "spark.sql.shuffle.partitions"
     return [item for pair in args.items() for item in pair]
@@ -213,19 +222,44 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     assert set(os.listdir(folder)) == before  # no partial output, no staging folder
 
 
-@pytest.mark.parametrize("case", ["bad master", "bad conf"])
-def test_a_bad_master_or_setting_is_one_line_naming_it(files, case):
+@pytest.mark.parametrize("case", ["bad master", "unreachable master", "bad conf"])
+def test_a_bad_master_or_setting_is_one_line_naming_it(files, case, tmp_path):
     """Run as ``spark-keras score`` runs it (no spark-submit, which takes --master itself):
-    a setting the job cannot use stops it before any job, with status 2."""
+    a setting the job cannot use stops it before any job, with status 2, in one line
+    that gives Spark's cause (or the host and port no master answers at, within seconds
+    where Spark's client would retry for a minute), and nothing of the JVM's output but
+    the name of the file holding it."""
+    import time
+
     folder, _, _ = files
     expected, status = FAILURES[case]
     before = set(os.listdir(folder))
-    proc = run_score_job(*failing_args(folder, case, "out"))
+    started = time.monotonic()
+    proc = run_score_job(*failing_args(folder, case, "out"), TMPDIR=str(tmp_path))
+    assert time.monotonic() - started < 30
     assert proc.returncode == status, (proc.stdout + proc.stderr)[-3000:]
     lines = (proc.stdout + proc.stderr).splitlines()
-    assert lines[-1].startswith("score.py: error:") and expected in lines[-1], lines[-5:]
-    assert len(lines) <= 12, lines
+    assert lines == [lines[-1]] and lines[-1].startswith("score.py: error:"), lines
+    assert expected in lines[-1], lines
     assert set(os.listdir(folder)) == before
+    if case != "bad conf":  # the JVM started: its output is in the file the line names
+        log = re.search(r"\(Spark's own output: (\S+)\)$", lines[-1])[1]
+        assert os.path.dirname(log) == str(tmp_path)
+        assert "log4j" in open(log).read()
+
+
+@pytest.mark.slow  # a whole job: about 30 s
+def test_a_job_that_succeeds_prints_its_own_lines_only(files, tmp_path):
+    """No JVM start-up lines, log4j WARNs or progress bars on a success: stdout is the
+    SCORED line, stderr is empty, and the JVM's log file is gone."""
+    folder, _, _ = files
+    proc = run_score_job("--model", str(folder / "model.skp"), "--input", str(folder / "in.parquet"),
+                         "--output", str(tmp_path / "out"), "--features", "features",
+                         "--master", "local[1]", TMPDIR=str(tmp_path))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stderr == "", proc.stderr
+    assert [line[:7] for line in proc.stdout.splitlines()] == ["SCORED "], proc.stdout
+    assert not list(tmp_path.glob("spark-keras-score-*.log"))
 
 
 @pytest.mark.slow  # a whole job whose executors fail: about a minute

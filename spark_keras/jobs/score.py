@@ -42,8 +42,11 @@ query's tasks made and their seconds: the transform's ``observe`` figures, which
 gathers from every executor (classic or Connect, one host or many); the line's
 ``wall_seconds`` is the whole job's, Spark's start-up included.
 
-The job is quiet: Spark's log lines and progress bars are off (``spark.log.level`` FATAL)
-unless ``--verbose``, and a failure is one line on stderr, exit status 2 for what the user
+The job is quiet: the JVM it starts writes its start-up lines, log lines and progress
+bars to a log file (removed after a success, named in the error line of a failure), and
+Spark's log level is FATAL, unless ``--verbose`` (all of it on stderr; under spark-submit
+the JVM is spark-submit's own, which prints its start-up lines first). A failure is one
+line on stderr, exit status 2 for what the user
 can mend (an option, path, master, model or row the model cannot take, executors whose
 Python lacks spark_keras), 1 for anything else. ``--conf key=value`` (repeatable) and
 ``--properties-file`` set Spark settings (they win over spark-submit's); the executors run
@@ -64,6 +67,7 @@ import time
 from spark_keras.inference.options import RESIZE
 from spark_keras.jobs.score_errors import outcome
 from spark_keras.jobs.score_run import run
+from spark_keras.jobs.score_session import forget_jvm_log, jvm_log
 
 PROG = "score.py"  # this file's name: what spark-submit runs and what errors start with
 
@@ -83,8 +87,12 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--input", required=True, help="parquet or CSV file/folder")
     p.add_argument("--output", required=True, help="parquet folder to write")
     p.add_argument("--features", required=True, help="comma-separated input column(s)")
-    p.add_argument("--output-col", default="prediction")
-    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--output-col", default="prediction",
+                   help="the prediction's column (a struct for a multi-output model); "
+                        "default: prediction")
+    p.add_argument("--batch-size", type=int, default=1024,
+                   help="rows per model call (default: 1024; calls of large rows are also "
+                        "bounded in bytes)")
     p.add_argument("--buckets", type=_buckets, default=None, metavar="N|B1,B2,...",
                    help="for a model that masks its variable-length inputs: pad each batch's "
                         "rows into at most N lengths, or to the lengths B1,B2,... (a single "
@@ -126,7 +134,9 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--properties-file", default=None, metavar="PATH",
                    help="Spark settings, one 'key value' per line (as spark-submit's)")
     p.add_argument("--verbose", action="store_true",
-                   help="Spark's log lines, progress bars and the Python traceback of a failure")
+                   help="Spark's start-up and log lines, progress bars and the Python "
+                        "traceback of a failure, on stderr (default: in a log file named "
+                        "only if the job fails)")
     return p.parse_args(argv)
 
 
@@ -147,8 +157,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if args.verbose:
             logging.getLogger("spark_keras.jobs.score").exception("the job failed")
         line, status = outcome(exc)
-        print(f"{prog}: error: {line}", file=sys.stderr)
+        log = jvm_log()
+        print(f"{prog}: error: {line}" + (f" (Spark's own output: {log})" if log else ""),
+              file=sys.stderr)
         return status
+    forget_jvm_log()
     print(f"SCORED rows={summary['rows']} invalid_rows={summary['invalid_rows']} "
           f"seconds={summary['seconds']} rows_per_second={summary['rows_per_second']} "
           f"model_builds={summary['model_builds']} build_seconds={summary['build_seconds']} "

@@ -22,8 +22,9 @@ class JobError(SparkKerasError):
 
 def _error_lines(exc: BaseException) -> list[re.Match]:
     """The ``SomeError: message`` lines of ``exc``'s text (a worker's traceback included)."""
-    return [m for m in map(_ERROR_LINE.match, (line.strip() for line in str(exc).splitlines()))
-            if m]
+    # a Py4J error puts the Java exception on a line of its own after ": "
+    lines = (line.strip().removeprefix(": ") for line in str(exc).splitlines())
+    return [m for m in map(_ERROR_LINE.match, lines) if m]
 
 
 def _ours(found: list[re.Match]) -> re.Match | None:

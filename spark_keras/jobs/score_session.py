@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
 import sys
+import tempfile
+import urllib.parse
 from typing import Any, Mapping
 
 from spark_keras._deps import require
 from spark_keras.jobs.score_errors import JobError, reason
 
-__all__ = ["APP_NAME", "DAEMON_MODULE", "classic_session", "connect_session", "settings"]
+__all__ = ["APP_NAME", "DAEMON_MODULE", "classic_session", "connect_session", "settings",
+           "jvm_log"]
 
 APP_NAME = "spark-keras-score"
 DAEMON_MODULE = "spark_keras.spark.daemon"
@@ -24,6 +29,71 @@ _PROPERTY = re.compile(r"([^\s=:]+)\s*[=:\s]\s*(.*)$")
 QUIET_LOG_LEVEL = "FATAL"  # Spark's own log lines (INFO, WARN and the tasks' ERROR tracebacks)
 # the job's one line says what failed; --verbose keeps Spark's logs and progress bars
 QUIET = {"spark.log.level": QUIET_LOG_LEVEL, "spark.ui.showConsoleProgress": "false"}
+# seconds the job waits for a standalone master to accept a connection (Spark's own client
+# retries registration for 60 s before it gives up)
+MASTER_CONNECT_TIMEOUT = 10.0
+
+# the file holding the output of the JVM this process started quietly (see jvm_log)
+_jvm_log: str | None = None
+
+
+def jvm_log() -> str | None:
+    """The file the JVM's start-up lines, log4j lines and progress bars went to, when the
+    job started its JVM quietly (not under spark-submit, not ``--verbose``); else None."""
+    return _jvm_log
+
+
+def _quiet_gateway() -> None:
+    """Start PySpark's JVM with its stdout and stderr in a log file (see :func:`jvm_log`):
+    its start-up lines (``Using incubator modules``, the log4j profile, loopback-hostname
+    WARNs, ``NativeCodeLoader``) come before any log level can be set. Under spark-submit
+    the JVM is already running (its output is spark-submit's): nothing to do."""
+    global _jvm_log
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return
+    fd, path = tempfile.mkstemp(prefix="spark-keras-score-", suffix=".log")
+    with os.fdopen(fd, "wb") as log:  # the JVM keeps its own descriptor
+        gateway = launch_gateway(popen_kwargs={"stdout": log, "stderr": subprocess.STDOUT})
+    _jvm_log = path
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def forget_jvm_log() -> None:
+    """Remove the JVM's log file (after a job that succeeded: nothing to read there)."""
+    global _jvm_log
+    if _jvm_log is not None:
+        try:
+            os.remove(_jvm_log)
+        except OSError:
+            pass
+        _jvm_log = None
+
+
+def check_master_reachable(master: str, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
+    """Stop the job at once when no master of a ``spark://host:port[,host:port]`` URL
+    accepts a connection (Spark's client would retry for a minute, then fail without
+    saying where it tried)."""
+    if not master.startswith("spark://"):
+        return
+    failures = []
+    for part in master[len("spark://"):].split(","):
+        parsed = urllib.parse.urlsplit(f"spark://{part}")
+        try:
+            host, port = parsed.hostname, parsed.port or 7077
+        except ValueError:  # a port that is not a number: Spark names it
+            return
+        if not host:
+            return
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as exc:
+            failures.append(f"{host}:{port} ({exc.strerror or exc})")
+    raise JobError(f"cannot reach the Spark master {master!r}: nothing accepts connections at "
+                   f"{', '.join(failures)}")
 
 
 def settings(confs: list[str], properties_file: str | None) -> dict[str, str]:
@@ -80,9 +150,12 @@ def classic_session(master: str | None, user: Mapping[str, str] | None = None,
 
     user = dict(user or {})
     builder = SparkSession.builder.appName(APP_NAME)
+    if not verbose:
+        _quiet_gateway()
     SparkContext._ensure_initialized()  # the JVM, so SparkConf() sees spark-submit's settings
     conf = SparkConf()
     master = master or user.pop("spark.master", None)
+    check_master_reachable(master or conf.get("spark.master", None) or "local[*]")
     if master or not conf.get("spark.master", None):  # spark-submit --master wins
         builder = builder.master(master or "local[*]")
     for key, value in _defaults(verbose).items():
