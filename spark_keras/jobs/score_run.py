@@ -40,6 +40,8 @@ def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
             raise JobError(f"output path {args.output!r} exists; pass --overwrite to replace it")
         if not paths.exists(args.input):
             raise JobError(f"input path {args.input!r} does not exist")
+        if not paths.exists(args.model):  # before any stage reads the input
+            raise JobError(f"cannot load model {args.model!r}: {args.model!r} does not exist")
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -142,6 +144,9 @@ def run(args: argparse.Namespace) -> dict:
         missing = [c for c in features if c not in df.columns]
         if missing:
             raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
+        if args.id_col is not None and args.id_col not in df.columns:
+            raise JobError(f"--id-col {args.id_col!r} is not a column of the input; it has "
+                           f"{df.columns}")
         try:  # a local path, or a URI the executors read from storage themselves
             with quiet_tensorflow_startup():  # start-up lines the log level hides
                 flavour.current()  # imports Keras and TensorFlow

@@ -165,9 +165,11 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     sent = names if id_col is None else [*names, id_col]  # the columns the workers get
     if key_col is not None:
         sent = [key_col, *sent]
-    missing = [c for c in sent if c not in columns]
-    if missing:
-        raise ModelInputError(f"input column(s) {missing} not in the DataFrame; it has {columns}")
+    for role, wanted in (("key_col", [key_col]), ("id_col", [id_col]), ("input column(s)", names)):
+        missing = [c for c in wanted if c is not None and c not in columns]
+        if missing:
+            what = f"{role}={missing[0]!r} is" if role.endswith("_col") else f"{role} {missing}"
+            raise ModelInputError(f"{what} not in the DataFrame; it has {columns}")
     for c in sent:
         if columns.count(c) > 1:
             raise ModelInputError(f"input column {c!r} is ambiguous: the DataFrame has "
