@@ -10,12 +10,22 @@ by the executor as ``python -m spark_keras.spark.daemon`` before any task: files
 with ``--py-files`` are put on a worker's ``sys.path`` by each task, too late for it. With
 the package only in ``--py-files``, every Python task would fail with "No module named
 spark_keras"; :func:`check_daemon` says so on the driver, before any task runs.
+
+The executors' Python must be one that imports spark_keras (``PYSPARK_PYTHON``; PySpark
+starts ``python3`` from PATH without it): :func:`check_workers_python` finds out before
+any task runs. On a local master the workers run on this machine, so it runs the
+interpreter Spark will start; on a cluster one small probe task per application says,
+and a failure is one :class:`~spark_keras.errors.SparkKerasError` naming the setting
+instead of a Java trace per task.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import threading
 import zipfile
 from typing import Any
 
@@ -25,6 +35,111 @@ logger = logging.getLogger("spark_keras")
 
 DAEMON_CONF = "spark.python.daemon.module"
 PY_FILES_CONF = "spark.submit.pyFiles"
+# what a worker's Python must import; it prints the versions the driver compares
+_PROBE = ("import sys, pyspark, spark_keras; "
+          "print(spark_keras.__version__, pyspark.__version__, *sys.version_info[:2])")
+PROBE_TIMEOUT = 120.0  # seconds for the local interpreter to answer
+# (python executable, master, application) -> checked already in this driver
+_checked: set[tuple[str, str, str]] = set()
+_checked_lock = threading.Lock()
+
+
+def check_environment(sc: Any) -> None:
+    """Everything the driver can check about the executors before any task runs:
+    :func:`check_daemon`, then :func:`check_workers_python`."""
+    check_daemon(sc)
+    check_workers_python(sc)
+
+
+def check_workers_python(sc: Any) -> None:
+    """Make sure the executors' Python imports spark_keras and the driver's PySpark.
+
+    On a local master (``local``, ``local[N]``, ``local-cluster[...]``) the interpreter
+    Spark will start (``sc.pythonExec``: ``PYSPARK_PYTHON``, else ``python3`` from PATH)
+    is run here once. It cannot be swapped afterwards: DataFrames made from Python data
+    already hold functions bound to it. On a cluster, one task per application imports
+    the package. Either way a failure is one error naming the setting, not a Java trace
+    per task.
+
+    Raises:
+        SparkKerasError: the workers' Python cannot import spark_keras, or its PySpark's
+            version differs from the driver's (major.minor).
+    """
+    exec_ = getattr(sc, "pythonExec", None) or "python3"
+    master = str(sc.master)
+    with _checked_lock:
+        key = (exec_, master, str(sc.applicationId))
+        if key in _checked:
+            return
+        if master.startswith("local"):
+            _check_local(sc, exec_)
+        else:
+            _check_remote(sc, exec_)
+        _checked.add(key)
+
+
+def _probe(exec_: str) -> tuple[list[str] | None, str]:
+    """Run ``exec_`` as a worker would import spark_keras: (its versions, else None; why)."""
+    env = dict(os.environ)
+    try:
+        done = subprocess.run([exec_, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        return None, lines[-1] if lines else f"exit status {done.returncode}"
+    return done.stdout.split(), ""
+
+
+def _check_local(sc: Any, exec_: str) -> None:
+    versions, why = _probe(exec_)
+    if versions is None:
+        chosen = "PYSPARK_PYTHON" in os.environ
+        where = "" if chosen else " (PYSPARK_PYTHON is unset: PATH's python3)"
+        raise SparkKerasError(
+            f"Spark's Python workers run {exec_!r}{where}, which cannot import spark_keras "
+            f"({why}): set PYSPARK_PYTHON to a Python that has spark-keras installed before "
+            f"the SparkSession starts, e.g. os.environ['PYSPARK_PYTHON'] = sys.executable "
+            f"({sys.executable}) on a local master, or spark.pyspark.python with spark-submit")
+    _compare(versions, exec_)
+
+
+def _compare(versions: list[str], exec_: str) -> None:
+    """Refuse a workers' PySpark of another major.minor than the driver's."""
+    import pyspark
+
+    theirs, ours = versions[1], pyspark.__version__
+    if theirs.split(".")[:2] != ours.split(".")[:2]:
+        raise SparkKerasError(f"Spark's Python workers ({exec_}) have PySpark {theirs}, the "
+                              f"driver {ours}: install the same PySpark in both")
+
+
+def _versions_in_task(_: Any) -> list[list[str]]:
+    """In a worker: what :data:`_PROBE` prints (this module imported: the package is there)."""
+    import pyspark
+
+    from .._version import __version__
+
+    return [[__version__, pyspark.__version__, *map(str, sys.version_info[:2])]]
+
+
+def _check_remote(sc: Any, exec_: str) -> None:
+    try:
+        versions = sc.parallelize([0], 1).mapPartitions(_versions_in_task).collect()[0]
+    except Exception as exc:  # Py4JJavaError: the worker's traceback, in Java's
+        text = str(exc)
+        missing = "No module named" in text or "ModuleNotFoundError" in text
+        first = next((line.strip() for line in text.splitlines()
+                      if "No module named" in line), text.splitlines()[0] if text else "")
+        if not missing:
+            raise SparkKerasError(f"a probe task on master {sc.master} failed before any "
+                                  f"model was shipped: {first}") from exc
+        raise SparkKerasError(
+            f"the executors' Python ({exec_}) cannot import spark_keras ({first}): set "
+            f"PYSPARK_PYTHON / spark.pyspark.python to a Python that has spark-keras "
+            f"installed (an image, or a packed environment with spark.archives)") from None
+    _compare(versions, exec_)
 
 
 def check_daemon(sc: Any) -> None:

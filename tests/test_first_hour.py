@@ -1,0 +1,106 @@
+"""What a newcomer meets first: the executors' Python (PYSPARK_PYTHON unset, a python3 on
+PATH without spark_keras), checked on the driver before any task runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+
+import pytest
+
+import spark_keras as sk
+from spark_keras.spark import environment
+
+from .test_readme import _examples
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> str:
+    """A Python without spark_keras (nor numpy): a venv without packages."""
+    folder = tmp_path_factory.mktemp("bare")
+    venv.EnvBuilder(with_pip=False).create(folder)
+    return str(folder / "bin" / "python")
+
+
+@pytest.fixture
+def workers_python(spark, monkeypatch):
+    """Set the workers' Python of the shared session for one test; restored after."""
+    sc = spark.sparkContext
+    before = sc.pythonExec
+    monkeypatch.setattr(environment, "_checked", set())
+
+    def use(exec_: str, chosen: bool) -> None:
+        sc.pythonExec = exec_
+        if chosen:
+            monkeypatch.setenv("PYSPARK_PYTHON", exec_)
+        else:
+            monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+
+    yield sc, use
+    sc.pythonExec = before
+
+
+def test_a_chosen_python_without_the_package_is_refused_naming_the_setting(
+        workers_python, bare_python, spark):
+    sc, use = workers_python
+    use(bare_python, chosen=True)
+    jobs = len(sc.statusTracker().getJobIdsForGroup(None))
+    with pytest.raises(sk.SparkKerasError) as raised:
+        sk.BroadcastModel(spark, sk.loads(_tiny()))
+    message = str(raised.value)
+    assert bare_python in message and "PYSPARK_PYTHON" in message, message
+    assert "No module named" in message and "\n" not in message, message
+    assert sc.pythonExec == bare_python  # a chosen Python is never replaced
+    assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs  # found with no task run
+
+
+def test_the_default_python3_without_the_package_is_refused_saying_the_line_to_add(
+        workers_python, bare_python, spark):
+    sc, use = workers_python
+    use(bare_python, chosen=False)  # what PATH's python3 would be
+    with pytest.raises(sk.SparkKerasError) as raised:
+        sk.BroadcastModel(spark, sk.loads(_tiny()))
+    message = str(raised.value)
+    assert "PYSPARK_PYTHON is unset" in message, message
+    assert "os.environ['PYSPARK_PYTHON'] = sys.executable" in message, message
+
+
+def _tiny() -> bytes:
+    import keras
+
+    return sk.dumps(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+
+
+@pytest.mark.slow  # a Spark of its own: about 40 s
+def test_the_readme_first_example_runs_from_the_venv_python_alone(bare_python, tmp_path):
+    """``.venv/bin/python script.py`` with nothing activated: PATH's python3 lacks the
+    package, PYSPARK_PYTHON is unset (the example sets it, as the README says)."""
+    _, blocks = _examples()["tour"]
+    script = tmp_path / "first.py"
+    script.write_text(blocks[0])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE",
+                        "SPARK_KERAS_BUILD_LOG", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join([os.path.dirname(bare_python), "/usr/bin", "/bin"])
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "prediction" in done.stdout  # scored.show(3)'s header
+
+
+def test_on_a_cluster_the_probe_task_fails_as_one_line_naming_the_setting(
+        workers_python, bare_python):
+    """What a non-local master gets: one probe task, its failure one SparkKerasError
+    (here run on the shared local session, whose workers are given the bare Python)."""
+    sc, use = workers_python
+    use(bare_python, chosen=True)
+    with pytest.raises(sk.SparkKerasError) as raised:
+        environment._check_remote(sc, bare_python)
+    message = str(raised.value)
+    assert "cannot import spark_keras" in message and "PYSPARK_PYTHON" in message, message
+    assert "\n" not in message and len(message) < 600, message
+    use(sys.executable, chosen=True)
+    environment._check_remote(sc, sys.executable)  # a Python that has it passes
