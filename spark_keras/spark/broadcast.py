@@ -17,7 +17,7 @@ from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature, signature_of
 from ..payload.shipment import Shipment
 from . import driver_payload, resources, task_version, version_server, versions
-from .environment import check_daemon
+from .environment import check_environment
 from .transport import ServedTransport, Transport, is_connect, transport_for
 
 logger = logging.getLogger("spark_keras")
@@ -109,7 +109,7 @@ class BroadcastModel(ModelHandle):
         label = versions.check_label(version, [])
         driver_payload.check_ship(ship, is_connect(spark))
         if not is_connect(spark):
-            check_daemon(getattr(spark, "sparkContext", spark))
+            check_environment(getattr(spark, "sparkContext", spark))
         # versions (see update): the driver's schedule answers the workers' tasks
         server = self._server = version_server.server_for(
             lambda: version_server.driver_host(spark, is_connect(spark)))
