@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -71,38 +72,70 @@ def check_workers_python(sc: Any) -> None:
         key = (exec_, master, str(sc.applicationId))
         if key in _checked:
             return
-        if master.startswith("local"):
-            _check_local(sc, exec_)
+        local = _local_python(sc, exec_) if master.startswith("local") else None
+        if local is not None:
+            _check_local(exec_, *local)
         else:
             _check_remote(sc, exec_)
         _checked.add(key)
 
 
-def _probe(exec_: str) -> tuple[list[str] | None, str]:
-    """Run ``exec_`` as a worker would import spark_keras: (its versions, else None; why)."""
+def _local_python(sc: Any, exec_: str) -> tuple[str, dict[str, str]] | None:
+    """On a local master: the interpreter a worker runs (found on PATH if a bare name)
+    and the environment Spark gives it (``spark.executorEnv.*``, ``--py-files`` entries
+    on ``PYTHONPATH``); None where the driver cannot stand in for it (a path relative to
+    the executor's folder: an archive's Python)."""
+    path = exec_ if os.path.isabs(exec_) else shutil.which(exec_) if os.sep not in exec_ else None
+    if path is None or not os.access(path, os.X_OK):
+        return None
+    conf = sc.getConf()
     env = dict(os.environ)
+    for key, value in conf.getAll():
+        if key.startswith("spark.executorEnv."):
+            env[key[len("spark.executorEnv."):]] = value
+    files = [p.strip().removeprefix("file:") for p in (conf.get(PY_FILES_CONF, "") or "").split(",")]
+    extra = [p for p in files if p and os.path.exists(p)] + _spark_python_zips()
+    if env.get("PYTHONPATH"):
+        extra.append(env["PYTHONPATH"])
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(extra)
+    return path, env
+
+
+def _spark_python_zips() -> list[str]:
+    """PySpark's and Py4J's zips, which Spark puts on every worker's PYTHONPATH."""
+    import glob
+
+    import pyspark
+
+    homes = [os.path.join(os.path.dirname(pyspark.__file__), "python", "lib")]
+    if os.environ.get("SPARK_HOME"):
+        homes.insert(0, os.path.join(os.environ["SPARK_HOME"], "python", "lib"))
+    for home in homes:
+        found = sorted(glob.glob(os.path.join(glob.escape(home), "*.zip")))
+        if found:
+            return found
+    return []
+
+
+def _check_local(exec_: str, path: str, env: dict[str, str]) -> None:
     try:
-        done = subprocess.run([exec_, "-c", _PROBE], capture_output=True, text=True,
+        done = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, str(exc)
+    except subprocess.TimeoutExpired:
+        logger.warning("the workers' Python %s did not answer within %.0f s: not checked",
+                       path, PROBE_TIMEOUT)
+        return
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return None, lines[-1] if lines else f"exit status {done.returncode}"
-    return done.stdout.split(), ""
-
-
-def _check_local(sc: Any, exec_: str) -> None:
-    versions, why = _probe(exec_)
-    if versions is None:
-        chosen = "PYSPARK_PYTHON" in os.environ
-        where = "" if chosen else " (PYSPARK_PYTHON is unset: PATH's python3)"
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        unset = "" if "PYSPARK_PYTHON" in os.environ else " (PYSPARK_PYTHON is unset: PATH's python3)"
         raise SparkKerasError(
-            f"Spark's Python workers run {exec_!r}{where}, which cannot import spark_keras "
+            f"Spark's Python workers run {exec_!r}{unset}, which cannot import spark_keras "
             f"({why}): set PYSPARK_PYTHON to a Python that has spark-keras installed before "
             f"the SparkSession starts, e.g. os.environ['PYSPARK_PYTHON'] = sys.executable "
             f"({sys.executable}) on a local master, or spark.pyspark.python with spark-submit")
-    _compare(versions, exec_)
+    _compare(done.stdout.split(), exec_)
 
 
 def _compare(versions: list[str], exec_: str) -> None:
