@@ -94,6 +94,11 @@ class TracedCall:
 
         signature = [tf.TensorSpec((None, *s.shape), s.dtype) for s in input_specs]
         self.function = tf.function(fn, input_signature=signature, autograph=False)
+        # TensorFlow counts traces by the Python code traced, across functions: every
+        # model's call is the same code, so a worker building its sixth model (stream
+        # updates, KeyedModels) would be warned of "frequent retracing" though each
+        # function, its signature fixed, traces once per model (what :attr:`traces` says)
+        self.function._omit_frequent_tracing_warning = True
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return [t.numpy() for t in self.function(*arrays)]

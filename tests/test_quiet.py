@@ -223,3 +223,25 @@ def test_score_job_prints_no_tensorflow_startup_lines(tmp_path):
     assert "using the stock PySpark daemon" not in output, output[-4000:]
     assert noise(output) == [], output[-4000:]
     assert "py4j" not in output  # the job logs spark_keras's INFO lines, not py4j's
+
+
+def test_a_worker_building_many_models_is_not_warned_of_retracing(caplog):
+    """Stream updates and KeyedModels build model after model in one worker: each traces
+    its compiled call once (its signature is fixed), which TensorFlow, counting traces by
+    the code traced, would report as "N out of the last M calls ... triggered
+    tf.function retracing" from the sixth model on."""
+    import logging
+
+    import keras
+    import numpy as np
+
+    from spark_keras.inference.predictor import Predictor
+
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        for units in range(1, 9):
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units)])
+            predictor = Predictor(model)
+            out = predictor([np.ones((4, 3), "float32")])
+            assert np.asarray(out[0]).shape == (4, units)
+            assert predictor.traces in (None, 1)  # once per model: nothing hidden
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()], caplog.text
