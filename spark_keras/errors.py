@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["SparkKerasError", "PayloadError", "PayloadChangedError", "StorageError",
            "LocalWriteError", "ModelInputError", "ModelCallError", "InvalidRowsError",
            "ModelError", "ArgumentError", "ArgumentTypeError", "PreprocessError",
-           "MissingDependencyError"]
+           "MissingDependencyError", "ChannelError", "ChannelTrustError"]
 
 
 class SparkKerasError(Exception):
@@ -62,3 +62,14 @@ class ArgumentError(SparkKerasError, ValueError):
 
 class ArgumentTypeError(SparkKerasError, TypeError):
     """An argument is of a type spark_keras does not accept."""
+
+
+class ChannelError(SparkKerasError):
+    """The driver's channel failed in transit (driver unreachable, connection reset or
+    timed out, an answer cut short): not a local disk error; trying again may work."""
+
+
+class ChannelTrustError(SparkKerasError):
+    """The driver's channel could not be trusted: the server showed another certificate
+    than the driver's, pinned in the handle (something on the path intercepts it, or
+    another process holds the driver's port). Nothing was sent to it."""
