@@ -111,10 +111,114 @@ def test_models_that_differ_or_keys_of_another_type_are_refused_on_the_driver(sp
     try:
         with pytest.raises(sk.ModelInputError, match="key column 'key' has type string, and the keys are integers"):
             km.transform(_frame(spark, _rows(["1"])), "features", key="key")
-        ints = spark.createDataFrame([(i, i % 3, [float(i)] * 4) for i in range(9)],
-                                     "id long, key int, features array<float>")
-        out = km.transform(ints, "features", key="key", on_invalid="null").toPandas()
-        assert out[out.key == 0].prediction.isna().all() and out[out.key > 0].prediction.notna().all()
+    finally:
+        km.destroy()
+
+
+def _keyed_frame(spark, key_type: str, keys, seed: int = 5):
+    """``(id, key, features)`` rows of ``keys`` and of key 0 (no model), shuffled."""
+    return spark.createDataFrame(_rows([*keys, 0], seed=seed),
+                                 f"id long, key {key_type}, features array<float>")
+
+
+@pytest.mark.parametrize("key_type, keys", [
+    ("int", [1, 2, 3]), ("bigint", [1, 2, 3]), ("string", ["1", "2", "3"]),
+])
+def test_each_row_gets_its_own_keys_model_for_int_long_and_string_keys(spark, twelve, key_type, keys):
+    """Each row's prediction is its own key's model's (not merely some prediction): keys
+    mapped to the wrong models would fail here."""
+    by_key = dict(zip(keys, [twelve["k0"], twelve["k1"], twelve["k2"]]))
+    km = sk.KeyedModels(spark, by_key)
+    try:
+        nobody = "0" if key_type == "string" else 0  # a key without a model
+        df = spark.createDataFrame(_rows([*keys, nobody], seed=5),
+                                   f"id long, key {key_type}, features array<float>")
+        out = km.transform(df.repartition(2), "features", key="key", on_invalid="null",
+                           error_col="error").toPandas()
+        _assert_exact(out[out.key.isin(keys)], by_key)
+        unknown = out[~out.key.isin(keys)]
+        assert len(unknown) == ROWS_PER_KEY and unknown.prediction.isna().all()
+        assert set(unknown.error) == {f"key: no model for key {nobody!r}"}
+    finally:
+        km.destroy()
+
+
+@pytest.mark.parametrize("key_type", ["tinyint", "smallint", "int"])
+def test_a_key_the_column_type_cannot_hold_is_never_met(spark, twelve, key_type, caplog):
+    """Key 3_000_000_000 cannot occur in an int (or smaller) column: the other keys' rows
+    are scored by their own models (before, every row was "no model for key 1"), and the
+    driver says which keys the column cannot hold."""
+    by_key = {1: twelve["k0"], 2: twelve["k1"], 3_000_000_000: twelve["k2"], -200: twelve["k3"]}
+    km = sk.KeyedModels(spark, by_key)
+    try:
+        df = _keyed_frame(spark, key_type, [1, 2])
+        with caplog.at_level("WARNING", logger="spark_keras"):
+            scored = km.transform(df.where("key != 0"), "features", key="key")  # error: no row unknown
+        cannot = "-200, 3000000000" if key_type == "tinyint" else "3000000000"
+        assert f"key column 'key' of type {key_type} cannot hold the keys [{cannot}]" in caplog.text
+        _assert_exact(scored.toPandas(), {1: twelve["k0"], 2: twelve["k1"]})
+        out = km.transform(df, "features", key="key", on_invalid="null", error_col="error").toPandas()
+        _assert_exact(out[out.key > 0], {1: twelve["k0"], 2: twelve["k1"]})
+        assert set(out[out.key == 0].error) == {"key: no model for key 0"}
+    finally:
+        km.destroy()
+
+
+def test_a_long_column_holds_a_long_key_and_a_column_that_holds_no_key_is_refused(spark, twelve):
+    wide = sk.KeyedModels(spark, {3_000_000_000: twelve["k2"], 1: twelve["k0"]})
+    try:
+        longs = _keyed_frame(spark, "bigint", [3_000_000_000, 1])
+        out = wide.transform(longs, "features", key="key", on_invalid="null").toPandas()
+        _assert_exact(out[out.key > 0], {3_000_000_000: twelve["k2"], 1: twelve["k0"]})
+    finally:
+        wide.destroy()
+    only = sk.KeyedModels(spark, {3_000_000_000: twelve["k2"], -200: twelve["k0"]})
+    try:
+        with pytest.raises(sk.ModelInputError, match=r"key column 'key' has type tinyint, which "
+                                                     r"holds none of the keys \[-200, 3000000000\]"):
+            only.transform(_keyed_frame(spark, "tinyint", [1]), "features", key="key")
+    finally:
+        only.destroy()
+
+
+def test_reasons_name_the_rows_position_in_the_batch_as_transform_does(spark, twelve):
+    """A key's rows are scored apart from the others', but errors and reasons number a row
+    by its place in the batch, as BroadcastModel.transform does for the same rows."""
+    nan = [float("nan")] * 4
+    keys = ["a", "b", "a", "b", "a", "a", "b", "b"]
+    bad = {4, 6, 7}  # NaN rows: a's third, b's third and fourth
+    rows = [(i, k, nan if i in bad else [0.5] * 4) for i, k in enumerate(keys)]
+    df = _frame(spark, rows).coalesce(1)  # one partition, one batch, in this order
+    km = sk.KeyedModels(spark, {"a": twelve["k0"], "b": twelve["k0"]})
+    bm = sk.BroadcastModel(spark, twelve["k0"])
+    try:
+        keyed = km.transform(df, "features", key="key", on_invalid="null", error_col="error")
+        plain = bm.transform(df, "features", on_invalid="null", error_col="error")
+        got = keyed.toPandas().sort_values("id").error.tolist()
+        want = plain.toPandas().sort_values("id").error.tolist()
+        assert [e is not None for e in got] == [i in bad for i in range(len(rows))]
+        assert "row 4 of this batch" in got[4] and "row 7 of this batch" in got[7], got
+        assert got == want
+        with pytest.raises(Exception, match="row 4 of this batch"):
+            km.transform(df, "features", key="key").collect()
+    finally:
+        km.destroy()
+        bm.destroy()
+
+
+def test_unknown_keys_are_counted_and_quoted_by_max_invalid(spark, twelve):
+    """Rows of a key without a model are invalid rows with their reason: max_invalid counts
+    them with the batch's other invalid rows and quotes the first reasons in row order."""
+    km = sk.KeyedModels(spark, {"a": twelve["k0"]})
+    try:
+        rows = [(i, "zz" if i % 2 else "a", [float("nan") if i == 0 else 0.5] * 4) for i in range(6)]
+        df = _frame(spark, rows).coalesce(1)  # one batch
+        with pytest.raises(Exception, match=r"max_invalid=1 passed: 4 of 6 rows .* the first: "
+                                            r"column 'features': NaN .* at row 0 of this batch; .*"
+                                            r"; key: no model for key 'zz'; key: no model for key 'zz'"):
+            km.transform(df, "features", key="key", on_invalid="null", max_invalid=1).collect()
+        out = km.transform(df, "features", key="key", on_invalid="null", max_invalid=4).toPandas()
+        assert out.sort_values("id").prediction.isna().tolist() == [True, True, False, True, False, True]
     finally:
         km.destroy()
 

@@ -135,14 +135,16 @@ def _values(group: list[ColumnRead], spec: TensorSpec, keep: np.ndarray | None) 
 
 def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "error",
           where: str = "batch", first_row: int = 0, reasons: bool = False,
-          ids: tuple[str, Any] | None = None, buckets: Buckets = None) -> Scored:
+          ids: tuple[str, Any] | None = None, buckets: Buckets = None,
+          positions: np.ndarray | None = None) -> Scored:
     """Predictions of ``handle``'s model (a :class:`~spark_keras.handle.ModelHandle`, or
     anything with ``predictor`` and ``signature``) for ``columns``, made into the model's
     inputs by the handle's ``preprocess`` function first if it has one. An empty batch, or
     one where every row is invalid, gives empty outputs of the output specs' dtypes.
     ``reasons``: also say why each invalid row is (``Scored.reasons``). Errors and reasons
     name a row by ``ids`` (``(id column name, one value per row)``) if given, else by its
-    number from ``first_row`` within ``where``. ``buckets`` (checked by
+    number from ``first_row`` within ``where`` (``positions``: the rows' numbers in the
+    batch they were taken from, when they are some of its rows). ``buckets`` (checked by
     :func:`.buckets.checked`): variable-length rows padded into buckets (:mod:`.buckets`).
 
     A model or preprocess call that raises is retried in parts to find the rows it raises
@@ -151,7 +153,7 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
     first of them raises :class:`ModelCallError` (or :class:`PreprocessError`) naming it."""
     predictor = handle.predictor
     signature = predictor.signature
-    names_of = RowNames.of(where, first_row, ids)
+    names_of = RowNames.of(where, first_row, ids, positions)
     preprocess = getattr(handle, "preprocess", None)
     n, names = _rows_and_names(columns)
     failed: dict[int, str] = {}  # batch row -> why a call raised on it

@@ -12,6 +12,8 @@ are put back in row order; a batch of one key (rows clustered by key) is scored 
 from __future__ import annotations
 
 import functools
+import logging
+import math
 from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -23,9 +25,12 @@ from ..inference.engine import Scored
 from ..inference.limits import InvalidBudget
 from ..inference.options import DEFAULT_BATCH_SIZE, Buckets, check_batch_size, check_on_invalid
 from ..inference.outputs import to_arrow
+from ..inference.rows import RowNames
 from ..inference.specs import Signature, empty_outputs
 from . import scoring, versions
 from .broadcast import BroadcastModel
+
+logger = logging.getLogger("spark_keras")
 
 
 class KeyedModels:
@@ -141,6 +146,8 @@ class KeyedModels:
         A row whose key has no model (or is null) is invalid: under ``on_invalid="null"``
         a null prediction (and, with ``error_col``, ``"key: no model for key 'x'"``),
         else the task fails with a :class:`~spark_keras.ModelInputError` naming the key.
+        A key the column's type cannot hold (``3_000_000_000`` in an ``int`` column) is
+        never met: the driver warns, or refuses a column that holds none of the keys.
         Cluster rows by key (``df.repartition(n, key).sortWithinPartitions(key)``) so
         that a worker meets each key's rows together: one model call per key and batch,
         and one build per key and worker even with a small cache.
@@ -212,6 +219,18 @@ class KeyedModels:
             raise ModelInputError(
                 f"key column {key!r} has type {field.dataType.simpleString()}, and the keys "
                 f"are {'strings' if keys_are_text else 'integers'} ({_some(self.keys())})")
+        if numeric:  # keys out of its range are never met
+            from pyspark.sql.pandas.types import to_arrow_type
+
+            key_type = to_arrow_type(field.dataType)
+            cannot = sorted(k for k in self.keys() if isinstance(k, int) and not _holds(key_type, k))
+            if len(cannot) == len(self._handles):
+                raise ModelInputError(
+                    f"key column {key!r} has type {field.dataType.simpleString()}, which holds "
+                    f"none of the keys {_some(cannot)}")
+            if cannot:
+                logger.warning("key column %r of type %s cannot hold the keys %s: their models "
+                               "are never used", key, field.dataType.simpleString(), _some(cannot))
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -225,14 +244,20 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
                   max_invalid: float | None = None, id_col: str | None = None,
                   version: bool = False, buckets: Buckets = None) -> Iterator[list[pa.Array]]:
     """In a task: per batch of ``[key, *inputs(, id)]`` columns, what
-    :func:`~.scoring._scored_columns` gives, each key's rows scored by its model."""
+    :func:`~.scoring._scored_columns` gives, each key's rows scored by its model. Errors
+    and reasons number a row by its place in the batch; the batch is held against
+    ``max_invalid`` as a whole, in row order, once its keys are scored."""
     keys = models.keys()
-    known = pa.array(keys)
+    known: dict[pa.DataType, tuple[pa.Array, np.ndarray]] = {}  # by key column type
     budget = InvalidBudget(max_invalid)
+    # each key's rows are counted with the batch, after its last key, not on their own
+    per_key = InvalidBudget(math.inf) if budget.active else budget
     for arrays in batches:
         arrays = list(arrays)
         key_array = arrays.pop(0)
-        codes = _codes(key_array, known)
+        if key_array.type not in known:
+            known[key_array.type] = _known(keys, key_array.type)
+        codes = _codes(key_array, *known[key_array.type])
         n = len(codes)
         order = np.argsort(codes, kind="stable")
         grouped = codes[order]
@@ -243,20 +268,27 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
         else:
             order_array = pa.array(order)
             taken = [a.take(order_array) for a in arrays]
-        parts = []
+        parts, counted = [], []
         for start, stop in zip(starts, [*starts[1:], n]):
             rows = [a.slice(start, stop - start) for a in taken]
             ids = None if id_col is None else (id_col, rows.pop())
+            # the rows' places in the batch (None: all of it, in order)
+            positions = None if order_array is None else order[start:stop]
             code = int(grouped[start]) if n else 0  # (an empty batch: the first model's empty outputs)
             if code < 0:
-                parts.append(_unknown(models, key_array.take(pa.array(order[start:stop])),
-                                      on_invalid, reasons, version, budget))
-                continue
-            task = models[keys[code]].for_task()
-            parts.append(scoring.batch_columns(task, names, rows, batch_size=batch_size,
-                                               on_invalid=on_invalid, reasons=reasons,
-                                               version=version, ids=ids, budget=budget,
-                                               buckets=buckets)[1])
+                scored, out = _unknown(models, key_array.take(pa.array(order[start:stop])),
+                                       on_invalid, reasons, version,
+                                       RowNames.of("batch", 0, ids, positions))
+            else:
+                task = models[keys[code]].for_task()
+                scored, out = scoring.batch_columns(
+                    task, names, rows, batch_size=batch_size, on_invalid=on_invalid,
+                    reasons=reasons, version=version, ids=ids, budget=per_key, buckets=buckets,
+                    positions=positions)
+            parts.append(out)
+            counted.append(scored)
+        if budget.active:
+            budget.add(_in_row_order(models.signature, counted, order, n))
         out = [pa.concat_arrays([p[j] for p in parts]) for j in range(len(parts[0]))] \
             if len(parts) > 1 else parts[0]
         if order_array is not None:  # back in row order
@@ -267,37 +299,71 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
     budget.finish()
 
 
-def _codes(key_array: pa.Array, known: pa.Array) -> np.ndarray:
-    """Each row's index in ``known`` (the keys; -1: no model for it, or a null key)."""
+def _in_row_order(signature: Signature, scored: list[Scored], order: np.ndarray, n: int) -> Scored:
+    """The invalid rows (and reasons) of a batch's keys' ``scored`` rows (in ``order``),
+    as one batch's: what the task's budget counts."""
+    invalid = np.zeros(n, dtype=bool)
+    why = np.full(n, None, dtype=object)
+    start = 0
+    for part in scored:
+        at = order[start:start + part.rows]
+        start += part.rows
+        if part.invalid is not None:
+            invalid[at] = part.invalid
+        if part.reasons is not None:
+            why[at] = part.reasons
+    return Scored(signature, [], invalid, why)
+
+
+def _holds(key_type: pa.DataType, key: Hashable) -> bool:
+    """Whether a column of ``key_type`` can hold ``key`` (an integer in its range, or a
+    string in a string column)."""
+    if pa.types.is_integer(key_type):
+        info = np.iinfo(key_type.to_pandas_dtype())
+        return isinstance(key, int) and info.min <= key <= info.max
+    return isinstance(key, str) and (pa.types.is_string(key_type)
+                                     or pa.types.is_large_string(key_type))
+
+
+def _known(keys: list[Hashable], key_type: pa.DataType) -> tuple[pa.Array, np.ndarray]:
+    """The keys a column of ``key_type`` can hold, as an array of that type, and their
+    indices in ``keys`` (the others can never be met in it)."""
+    held = [i for i, k in enumerate(keys) if _holds(key_type, k)]
+    return pa.array([keys[i] for i in held], key_type), np.array(held, dtype=np.int64)
+
+
+def _codes(key_array: pa.Array, values: pa.Array, indices: np.ndarray) -> np.ndarray:
+    """Each row's index in the keys (-1: no model for it, or a null key), from the keys
+    its column can hold (``values``) and their ``indices``."""
     import pyarrow.compute as pc
 
-    try:
-        known = known.cast(key_array.type)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    if not len(values):
         return np.full(len(key_array), -1, dtype=np.int64)
-    found = pc.index_in(key_array, value_set=known)
-    return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    found = pc.index_in(key_array, value_set=values).fill_null(-1)
+    return np.append(indices, -1)[found.to_numpy(zero_copy_only=False)]  # -1: the last
 
 
 def _unknown(models: KeyedModels, keys: pa.Array, on_invalid: str, reasons: bool,
-             version: bool, budget: InvalidBudget) -> list[pa.Array]:
-    """The columns of rows whose key has no model: refused, or null with a reason."""
+             version: bool, names: RowNames) -> tuple[Scored, list[pa.Array]]:
+    """The rows whose key has no model (``names`` says which rows of the batch they are):
+    refused, or null with their reason (in ``Scored.reasons`` for the task's budget, and
+    in a column if ``reasons``)."""
     values = keys.to_pylist()
     if on_invalid == "error":
-        raise ModelInputError(f"no model for key {values[0]!r}: KeyedModels has keys "
-                              f"{_some(models.keys())}")
+        raise ModelInputError(f"no model for key {values[0]!r} ({names.at(0)}): KeyedModels "
+                              f"has keys {_some(models.keys())}")
     n = len(values)
-    scored = Scored(models.signature, empty_outputs(models.signature), np.ones(n, dtype=bool))
-    budget.add(scored)
+    why = np.array([f"key: no model for key {v!r}" if v is not None else "key: the key is null"
+                    for v in values], dtype=object)
+    scored = Scored(models.signature, empty_outputs(models.signature), np.ones(n, dtype=bool), why)
     out = [to_arrow(scored)]
     if reasons:
-        out.append(pa.array([f"key: no model for key {v!r}" if v is not None else
-                             "key: the key is null" for v in values], pa.string()))
+        out.append(pa.array(why, pa.string()))
     if version:
         out.append(pa.nulls(n, pa.string()))
-    return out
+    return scored, out
 
 
-def _some(keys: list[Hashable], most: int = 10) -> str:
+def _some(keys: Sequence[Hashable], most: int = 10) -> str:
     shown = ", ".join(repr(k) for k in keys[:most])
     return f"[{shown}{', ...' if len(keys) > most else ''}] ({len(keys)})"

@@ -255,13 +255,15 @@ def _scored_columns(handle: ModelHandle, names: list[str],
 def batch_columns(handle: ModelHandle, names: list[str], arrays: Sequence[pa.Array], *,
                   batch_size: int, on_invalid: str, reasons: bool, version: bool,
                   ids: tuple[str, Any] | None, budget: InvalidBudget,
-                  buckets: Buckets = None) -> tuple[Scored, list[pa.Array]]:
+                  buckets: Buckets = None, positions: Any = None
+                  ) -> tuple[Scored, list[pa.Array]]:
     """One batch scored by ``handle`` (a task's version), its variable-length rows padded
     into ``buckets`` if given: the prediction column, then the reasons (``reasons``) and the
-    version's label (``version``); its invalid rows are held against ``budget``."""
+    version's label (``version``); its invalid rows are held against ``budget``.
+    ``positions``: the rows' numbers in the batch, when they are some of its rows."""
     scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
                    on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids,
-                   buckets=buckets)
+                   buckets=buckets, positions=positions)
     budget.add(scored)
     out = [to_arrow(scored)]
     if reasons:
