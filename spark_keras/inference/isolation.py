@@ -12,7 +12,16 @@ failure: it is split without being called. When the first half fails, its second
 set aside and called with every other piece set aside, in one call, once the failing rows
 are found (``split`` cuts that call's result back into pieces): finding one bad row among
 1,024 takes about 11 calls of halving sizes, and each call costs a fixed ~0.5-1.4 ms here,
-which dominates. A clean call is never retried (nothing of this runs unless a call raised).
+which dominates. If that call raises too, each piece is searched on its own (plain
+halving), never set aside again. A clean call is never retried (nothing of this runs
+unless a call raised).
+
+The search is bounded: it feeds the call at most :data:`SEARCH_BATCHES` times the rows it
+searches (halving a batch whose every row raises alone needs about log2(rows) + 1 times,
+and so does a failure that depends on the batch's size or composition, where every call
+of several rows raises). At the bound it stops: the rows it has settled keep their
+results or failures, every other row is a failure of :class:`SearchStopped` (not tried
+alone, which may be fine: never blamed with another row's exception).
 """
 
 from __future__ import annotations
@@ -20,11 +29,15 @@ from __future__ import annotations
 import re
 from typing import Callable, Generic, Sequence, TypeVar, cast
 
+from ..errors import SparkKerasError
+
 T = TypeVar("T")
 Range = tuple[int, int]  # rows a to b
 Ranges = Sequence[Range]
 # the longest reason text kept for a row (the exception's first line)
 REASON_CHARS = 200
+# the search's bound: it feeds the call at most this many times the rows it searches
+SEARCH_BATCHES = 8
 
 _TF_MARKUP = re.compile(r"\s*\[\[\{\{.*$|\s*\[Op:[^\]]*\]|\{\{function_node [^}]*\}\}\s*|\x1b\[[0-9;]*m")
 # header lines TensorFlow and Keras put before the message itself
@@ -59,46 +72,90 @@ def isolate(call: Callable[[Ranges], T], start: int, stop: int,
 
     Without ``split``, ``call`` gets one range at a time. With it (``split(result,
     sizes)``: a call's result cut into the results of consecutive rows of those sizes),
-    the pieces set aside while searching are called together (see the module's text)."""
-    found: Isolated[T] = Isolated()
+    the pieces set aside while searching are called together (see the module's text).
+    Past the bound (:data:`SEARCH_BATCHES`) nothing more is called: the rows not settled
+    then are failures of :class:`SearchStopped`."""
+    search: _Search[T] = _Search(call, split, stop - start, first)
     pending: list[Range] | None = [] if split is not None else None
-    _search(call, [(start, stop)], first, found, pending, split)
-    while pending:
-        ranges = _merged(pending)
-        pending.clear()
-        _search(call, ranges, None, found, pending, split)
+    search.run([(start, stop)], first, pending)
+    if pending:
+        pieces = sorted(pending)
+        failed = search.tried(_merged(pieces))
+        if failed is not None:
+            # together they raise: each piece searched on its own (plain halving; set
+            # aside again, pieces that keep failing together would be fed over and over)
+            for piece in pieces:
+                search.run([piece], failed if len(pieces) == 1 else None, None)
+    found = search.found
+    stopped = search.stopped_error()
+    for a, b in search.stopped:
+        found.failures.update(dict.fromkeys(range(a, b), stopped))
     found.parts.sort(key=lambda part: part[0])
     return found
 
 
-def _search(call: Callable[[Ranges], T], ranges: Ranges, failed: BaseException | None,
-            found: Isolated[T], pending: list[Range] | None,
-            split: Callable[[T, list[int]], list[T]] | None) -> bool:
-    """The rows of ``ranges`` into ``found`` (``failed``: what calling them all raised,
-    or None to call them); True when some rows failed."""
-    if failed is None:
+class SearchStopped(SparkKerasError):
+    """Why a row is left out that the search did not try alone: it stopped at its bound
+    (see :func:`isolate`). The row may be fine."""
+
+
+class _Search(Generic[T]):
+    """One :func:`isolate`: what it found so far, and the rows it fed against its bound."""
+
+    def __init__(self, call: Callable[[Ranges], T],
+                 split: Callable[[T, list[int]], list[T]] | None, rows: int,
+                 first: BaseException | None) -> None:
+        self.call, self.split, self.rows, self.first = call, split, rows, first
+        self.found: Isolated[T] = Isolated()
+        self.fed = 0  # rows fed to ``call`` so far
+        self.stopped: list[Range] = []  # rows left unsettled at the bound
+
+    def tried(self, ranges: Ranges) -> BaseException | None:
+        """What calling the rows of ``ranges`` once raised, or None (their results then
+        in ``found``). Past the bound they are not called but put in ``stopped``."""
+        size = _count(ranges)
+        if self.stopped or self.fed + size > SEARCH_BATCHES * self.rows:
+            self.stopped.extend(ranges)
+            return None
+        self.fed += size
         try:
-            result = call(ranges)
+            result = self.call(ranges)
         except Exception as exc:  # any exception a row can cause
-            failed = exc
+            if self.first is None:
+                self.first = exc
+            return exc
+        results = [result] if len(ranges) == 1 else \
+            cast("Callable[[T, list[int]], list[T]]", self.split)(result, [b - a for a, b in ranges])
+        self.found.parts.extend((a, b, r) for (a, b), r in zip(ranges, results))
+        return None
+
+    def run(self, ranges: Ranges, failed: BaseException | None,
+            pending: list[Range] | None) -> bool:
+        """The rows of ``ranges`` into ``found`` (``failed``: what calling them all raised,
+        or None to call them); True when some rows failed or were left unsettled."""
+        if failed is None:
+            failed = self.tried(ranges)
+            if failed is None:
+                return bool(self.stopped)
+        if _count(ranges) == 1:
+            self.found.failures[ranges[0][0]] = failed
+            return True
+        head, tail = _halves(ranges)
+        if not self.run(head, None, pending):
+            # the failure is in the tail: split it without calling it (a single row is
+            # called, for its own exception)
+            self.run(tail, failed if _count(tail) > 1 else None, pending)
+        elif pending is not None:
+            pending.extend(tail)  # called with the other pieces set aside, in one call
         else:
-            results = [result] if len(ranges) == 1 else \
-                cast("Callable[[T, list[int]], list[T]]", split)(result, [b - a for a, b in ranges])
-            found.parts.extend((a, b, r) for (a, b), r in zip(ranges, results))
-            return False
-    if _count(ranges) == 1:
-        found.failures[ranges[0][0]] = failed
+            self.run(tail, None, pending)
         return True
-    head, tail = _halves(ranges)
-    if not _search(call, head, None, found, pending, split):
-        # the failure is in the tail: split it without calling it (a single row is
-        # called, for its own exception)
-        _search(call, tail, failed if _count(tail) > 1 else None, found, pending, split)
-    elif pending is not None:
-        pending.extend(tail)  # called with the other pieces set aside, in one call
-    else:
-        _search(call, tail, None, found, pending, split)
-    return True
+
+    def stopped_error(self) -> SearchStopped:
+        """The failure of every row left unsettled."""
+        first = f"; the batch raised {reason_text(self.first)}" if self.first is not None else ""
+        return SearchStopped(f"not tried alone: the search for the rows that raise stopped at "
+                             f"its bound ({SEARCH_BATCHES} times the {self.rows} rows){first}")
 
 
 def _count(ranges: Ranges) -> int:

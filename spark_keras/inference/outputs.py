@@ -5,7 +5,7 @@ value, NaN in numpy arrays and pandas frames (other dtypes become floats), None.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Container, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,14 +26,43 @@ def stored_dtype(dtype: str) -> np.dtype:
     return np.dtype(object) if dtype == "string" else np.dtype(_STORED_AS.get(dtype, np.float32))
 
 
+def _decoded_values(values: np.ndarray) -> np.ndarray:
+    """Bytes as ``str`` (other values as they are); raises ``UnicodeDecodeError``."""
+    return np.frompyfunc(lambda v: v.decode() if isinstance(v, bytes) else v, 1, 1)(values) \
+        .astype(object, copy=False) if values.size else values.astype(object)
+
+
 def as_text(values: np.ndarray) -> np.ndarray:
-    """A ``tf.string`` output (bytes) as ``str`` objects (Spark string columns hold UTF-8)."""
+    """A ``tf.string`` output (bytes) as ``str`` objects (Spark string columns hold UTF-8).
+    The predictor decodes each row (:func:`text_rows`), so bytes that are not UTF-8 make
+    their row invalid; any that come here raise :class:`ModelError`."""
     try:
-        return np.frompyfunc(lambda v: v.decode() if isinstance(v, bytes) else v, 1, 1)(values) \
-            .astype(object, copy=False) if values.size else values.astype(object)
+        return _decoded_values(values)
     except UnicodeDecodeError as exc:
         raise ModelError(f"the model returned bytes that are not UTF-8 text ({exc}); a string "
                          f"output must hold text") from exc
+
+
+def text_rows(values: np.ndarray, variable: bool, skip: Container[int] = ()
+              ) -> tuple[np.ndarray, dict[int, UnicodeDecodeError]]:
+    """A ``tf.string`` output's rows (bytes; with ``variable``, one array per row) as
+    ``str``, and the rows that are not UTF-8 text (row -> error), which are left as they
+    were, as are the rows of ``skip``."""
+    if not variable:
+        try:
+            return _decoded_values(values), {}
+        except UnicodeDecodeError:
+            pass  # which rows: one by one
+    out = np.empty(len(values), dtype=object) if variable else np.array(values, dtype=object)
+    bad: dict[int, UnicodeDecodeError] = {}
+    for i, row in enumerate(values):
+        try:
+            out[i] = row if i in skip else row.decode() if isinstance(row, bytes) \
+                else _decoded_values(row) if isinstance(row, np.ndarray) else row
+        except UnicodeDecodeError as exc:
+            bad[i] = exc
+            out[i] = row
+    return out, bad
 
 
 def _decoded(scored: Scored) -> list[np.ndarray]:

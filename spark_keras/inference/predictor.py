@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Sequence, cast
 import numpy as np
 
 from .. import flavour
+from ..errors import ModelError
 from .buckets import Group, exact_groups, padded_groups, trimmed
 from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
 from .masking import padding_of
@@ -79,15 +80,45 @@ class Predictor:
         A call that raises is retried in parts (:mod:`.isolation`): with ``failures`` (a
         dict) the rows that raise alone are recorded there (row -> exception) and get
         zeros in the outputs; without it, :class:`~.isolation.RowFailure` names the first
-        such row (the call's own exception if no single row raises)."""
+        such row (the call's own exception if no single row raises). Text outputs come
+        back as ``str``; a row whose text is not UTF-8 is one the model failed on."""
         specs = self.signature.inputs
         if buckets is not None:
             groups = padded_groups(arrays, specs, self.padding, buckets)
         elif any(spec.variable for spec in specs):
             groups = exact_groups(arrays, specs)
         else:
-            return self._batched(arrays, batch_size, failures)
-        return self._grouped(groups, len(arrays[0]) if arrays else 0, batch_size, failures)
+            return self._texts(self._batched(arrays, batch_size, failures), failures)
+        return self._texts(self._grouped(groups, len(arrays[0]) if arrays else 0, batch_size,
+                                         failures), failures)
+
+    def _texts(self, outs: list[np.ndarray], failures: dict[int, BaseException] | None
+               ) -> list[np.ndarray]:
+        """``outs`` with each text output's bytes as ``str``: a row that is not UTF-8 text is
+        a row the model failed on (recorded in ``failures``, or raised as a
+        :class:`RowFailure`), like one it raised on."""
+        specs = self.signature.outputs
+        if not any(spec.dtype == "string" for spec in specs):
+            return outs
+        from .outputs import text_rows  # Arrow loads where batches are scored
+
+        done = failures or {}
+        bad: dict[int, BaseException] = {}
+        for j, spec in enumerate(specs):
+            if spec.dtype != "string":
+                continue
+            outs[j], wrong = text_rows(outs[j], spec.variable, done)
+            for row, exc in wrong.items():
+                error = ModelError(f"output {spec.name!r} is not UTF-8 text ({exc}); a string "
+                                   f"output must hold text")
+                error.__cause__ = exc
+                bad.setdefault(row, error)
+        if bad and failures is None:
+            row = min(bad)
+            raise RowFailure(row, bad[row]) from bad[row]
+        if bad:
+            cast("dict[int, BaseException]", failures).update(bad)
+        return outs
 
     def _grouped(self, groups: Iterable[Group], n: int, batch_size: int,
                  failures: dict[int, BaseException] | None) -> list[np.ndarray]:
@@ -112,7 +143,8 @@ class Predictor:
                     out[index] = got
                     continue
                 for k, row in enumerate(index):  # one array per row, of its own shape
-                    out[row] = got[k] if group.lengths is None \
+                    # (a failed row's placeholder is left as it is: the rows are left out)
+                    out[row] = got[k] if group.lengths is None or (found and k in found) \
                         else trimmed(got[k], spec, int(group.lengths[k]), group.steps)
         if not n:
             return empty_outputs(self.signature)

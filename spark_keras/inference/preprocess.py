@@ -21,6 +21,7 @@ from .rows import RowNames
 
 if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with every handle
     import pandas as pd  # (the preloading daemon imports handles before Arrow may load)
+    import pyarrow as pa
 
     from .columns import Column, Columns
     from .specs import Signature
@@ -68,18 +69,21 @@ class Preprocess:
         ``failures`` (a dict) the rows it raises on alone are recorded there (row ->
         exception) and come out as null rows; without it, a :class:`PreprocessError`
         names the first such row."""
-        frame = to_frame(columns)
-        n = len(frame)
+        from .columns import flat
+
+        every = flat(columns)
+        n = len(every[0].array) if every else 0
+        as_read = _AsRead(every)
 
         def call(ranges: Ranges) -> Any:  # one range: isolate is not given a split
             ((a, b),) = ranges
-            return self.fn(frame if (a, b) == (0, n) else frame.iloc[a:b].reset_index(drop=True))
+            return self.fn(as_read(a, b))
 
         try:
-            result = call([(0, n)])
+            result = self.fn(to_frame(every))
         except Exception as exc:  # a row fn cannot take, perhaps: find it
             if failures is None:
-                raise self._raised(call, n, exc, list(frame.columns),
+                raise self._raised(call, n, exc, [c.name for c in every],
                                    names or RowNames()) from None
             found = isolate(call, 0, n, exc)
         else:
@@ -128,15 +132,20 @@ def _stitched(parts: list[tuple[int, int, Columns]], n: int, signature: Signatur
 
     def stitch(j: int, pieces: list[tuple[int, int, Sequence[Column]]]) -> Column:
         col = pieces[0][2][j]
+        # pieces of different widths (fn pads to each call's longest row): lists of any
+        # length, which the engine then reads row by row like any list column
+        kind = col.array.type
+        if any(made[j].array.type != kind for _, _, made in pieces):
+            kind = _any_length(kind)
         arrays, at = [], 0
         for a, b, made in pieces:
             if a > at:
-                arrays.append(pa.nulls(a - at, col.array.type))
+                arrays.append(pa.nulls(a - at, kind))
             array = made[j].array
-            arrays.append(array if array.type == col.array.type else array.cast(col.array.type))
+            arrays.append(array if array.type == kind else array.cast(kind))
             at = b
         if at < n:
-            arrays.append(pa.nulls(n - at, col.array.type))
+            arrays.append(pa.nulls(n - at, kind))
         return Column(col.name, pa.concat_arrays(arrays), col.parts)
 
     # the parts are of one kind: _made reads each of fn's results the same way
@@ -147,6 +156,54 @@ def _stitched(parts: list[tuple[int, int, Columns]], n: int, signature: Signatur
                       for j in range(len(group))] for key, group in first.items()}
     lists = [(a, b, cast("Sequence[Column]", made)) for a, b, made in parts]
     return [stitch(j, lists) for j in range(len(first))]
+
+
+def _any_length(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with each fixed-size list (at any depth) a list of any length."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind):
+        return pa.list_(_any_length(kind.value_type))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(_any_length(kind.value_type))
+    return kind
+
+
+class _AsRead:
+    """Rows of a batch for each call of the search, as they were read: a new frame each
+    time, which ``fn`` may edit as it likes (``batch["x"] = ...``, even in place). It is a
+    deep copy of rows of a frame made when the search starts, which ``fn`` never gets
+    (cheap: bytes and text are shared, being immutable, and so are lists of numbers, which
+    pandas gets as read-only views); columns whose cells pandas makes mutable (structs as
+    dicts, nested lists as object arrays) are made anew from Arrow."""
+
+    def __init__(self, every: list[Column]) -> None:
+        self.every = every
+        self.frame: pd.DataFrame | None = None
+        self.anew = [c for c in every if not _immutable_cells(c.array.type)]
+
+    def __call__(self, a: int, b: int) -> pd.DataFrame:
+        import pandas as pd
+
+        if self.frame is None:
+            self.frame = to_frame(self.every)
+        rows = self.frame.iloc[a:b].copy(deep=True)
+        rows.index = pd.RangeIndex(b - a)
+        for c in self.anew:
+            rows[c.name] = c.array.slice(a, b - a).to_pandas(types_mapper=None)
+        return rows
+
+
+def _immutable_cells(kind: pa.DataType) -> bool:
+    """Whether pandas holds this Arrow type's values as nothing ``fn`` can edit in place
+    once copied: numbers, text, bytes, dates, and lists of them (read-only array views)."""
+    import pyarrow as pa
+
+    if not pa.types.is_nested(kind):
+        return True
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind) \
+        or pa.types.is_fixed_size_list(kind)
+    return listed and not pa.types.is_nested(kind.value_type)
 
 
 def to_frame(columns: Columns) -> pd.DataFrame:
