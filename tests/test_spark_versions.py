@@ -56,7 +56,7 @@ def test_the_version_server_answers_only_those_with_its_token():
         assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
         out = io.BytesIO()
         assert download(server.address, "m", 1, out) == 3 and out.getvalue() == b"abc"
-        stranger = Address((*server.address[:2], "not-the-token"))
+        stranger = Address((*server.address[:2], "not-the-token", *server.address[3:]))
         with pytest.raises(sk.SparkKerasError, match="refused /resolve: 403"):
             ask(stranger, "m", None)
         server.forget("m")  # destroyed

@@ -112,7 +112,8 @@ class BroadcastModel(ModelHandle):
             check_environment(getattr(spark, "sparkContext", spark))
         # versions (see update): the driver's schedule answers the workers' tasks
         server = self._server = version_server.server_for(
-            lambda: version_server.driver_host(spark, is_connect(spark)))
+            lambda: version_server.driver_host(spark, is_connect(spark)),
+            lambda: version_server.bind_address(spark, is_connect(spark)))
         payload = driver_payload.read(model_or_path, custom_objects, safe_mode,
                                       new_file=server.new_file, ship=ship)
         model = payload.model

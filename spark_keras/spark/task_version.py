@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from ..cache import model_cache
-from ..errors import SparkKerasError
+from ..errors import ChannelError, SparkKerasError
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
 from . import version_server
@@ -53,7 +53,7 @@ def version_for(handle: Any, scope: str | None) -> Any:
     address = handle._versions
     try:
         answer = version_server.ask(address, handle._name, scope)
-    except OSError as exc:
+    except ChannelError as exc:
         if handle._planned != 1:
             raise SparkKerasError(
                 f"cannot reach the driver at {address.url} for the version of model "

@@ -1,121 +1,126 @@
-"""The driver's answers to workers about model versions, over HTTP (:mod:`.versions`).
+"""The driver's answers to workers about model versions, over its channel (:mod:`.versions`).
 
-One small threaded HTTP server per driver process (the Spark Connect client's process
-on Connect), started by the first BroadcastModel, answers two requests, each carrying
-the server's secret token (which travels in the handle, like the rest of a Spark plan):
+One small HTTPS server per driver process (the Spark Connect client's process on
+Connect), started by the first BroadcastModel, answers two requests, each carrying the
+server's secret token:
 
 * ``GET /resolve?name=<handle>&scope=<scope>``: the version that scope scores with,
-  and the versions released (JSON);
+  and the versions released (JSON); a scope not of the forms :func:`.versions.scope_of`
+  makes is refused (400) before it reaches the schedule;
 * ``GET /payload?name=<handle>&index=<n>``: a version's payload bytes (the driver keeps
-  a copy of each version it shipped itself or read from storage, until ``destroy``).
+  a copy of each version it shipped itself or read from storage, until ``destroy``;
+  410 if that copy was deleted).
+
+The handle carries the server's address, its token and the fingerprint of its TLS
+certificate through Spark's own channel (the task's closure or plan): a worker refuses
+a server that shows another certificate before it sends anything
+(:mod:`.channel_client`). :mod:`.channel_server` serves, within fixed bounds of threads,
+connections, time and memory.
 
 Executors reach it at the driver's address: ``spark.driver.host`` on classic Spark, the
 Connect server's host's view of this machine on Connect (``127.0.0.1`` for a local
 server); set ``SPARK_KERAS_DRIVER_HOST`` (and ``SPARK_KERAS_DRIVER_PORT``, default any
-free port) where that is not the address executors can reach.
+free port) where that is not the address executors can reach. It listens at that
+address, or at ``SPARK_KERAS_DRIVER_BIND_ADDRESS`` or ``spark.driver.bindAddress`` if
+set; when the address is not one of this machine's and neither is set, on every
+interface, with a warning.
+
+The payload copies live in a folder ``spark_keras_versions_<pid>_<random>`` (mode 0700)
+of the temporary folder, removed at exit; a driver killed with SIGKILL cannot, so each
+start removes those of this user's dead processes.
 """
 
 from __future__ import annotations
 
 import atexit
 import base64
-import hmac
-import http.server
+import errno
+import functools
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import threading
-import urllib.parse
-import urllib.request
-from typing import Any, BinaryIO, Callable
+from typing import Any, Callable
 
 from ..errors import SparkKerasError
+from .channel_client import TIMEOUT, Address, ask, download
+from .channel_server import Answer, Channel, Refused
 from .versions import Schedule, Version
+
+__all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "server_for", "driver_host",
+           "bind_address", "objects_text", "objects_bytes"]
 
 logger = logging.getLogger("spark_keras")
 
-TIMEOUT = 30.0  # seconds a worker waits for the driver (connecting fails fast)
-_CHUNK = 4 << 20
+BIND_ENV = "SPARK_KERAS_DRIVER_BIND_ADDRESS"
+# the scopes versions.scope_of makes: stream:<query id>:<batch id>, sql:<execution id>,
+# stage:<stage id> or stage:<context>:<stage id>
+_SCOPE = re.compile(r"stream:[A-Za-z0-9._-]{1,128}:[0-9]{1,18}|sql:[0-9]{1,18}"
+                    r"|stage:(?:[A-Za-z0-9._-]{1,128}:)?[0-9]{1,18}")
+_INDEX = re.compile(r"[0-9]{1,9}")
+# spark_keras_versions_<pid>_<mkdtemp's 8 characters> (older names had no pid: kept)
+_FOLDER_PREFIX = "spark_keras_versions_"
+_FOLDER = re.compile(_FOLDER_PREFIX + r"([0-9]{1,10})_[a-z0-9_]{8}")
 
 
-class Address(tuple):
-    """``(host, port, token)``: where a worker asks, and the secret it shows."""
-
-    @property
-    def url(self) -> str:
-        host = self[0] if ":" not in self[0] else f"[{self[0]}]"
-        return f"http://{host}:{self[1]}"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: "_HTTPServer"
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        owner = self.server.owner
-        if not hmac.compare_digest(self.headers.get("X-Spark-Keras-Token", ""), owner.token):
-            self.send_error(403, "bad token")
-            return
-        url = urllib.parse.urlsplit(self.path)
-        query = dict(urllib.parse.parse_qsl(url.query))
+def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer:
+    """The answer to a request that showed the token (run in the channel's pool)."""
+    name = query.get("name", "")
+    if not name or len(name) > 256:
+        raise Refused(400, "a request names a model (name=)")
+    if path == "/resolve":
+        scope = query.get("scope") or None
+        if scope is not None and not _SCOPE.fullmatch(scope):
+            raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
+                               f"sql:<execution id> or stage:<stage id>)")
         try:
-            if url.path == "/resolve":
-                body = json.dumps(owner.resolve(query["name"], query.get("scope") or None)).encode()
-                self._send(body, "application/json")
-            elif url.path == "/payload":
-                path = owner.payload_path(query["name"], int(query["index"]))
-                with open(path, "rb") as f:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(os.path.getsize(path)))
-                    self.end_headers()
-                    self.wfile.flush()
-                    self.connection.sendfile(f)  # by the kernel, from the page cache
-            else:
-                self.send_error(404)
-        except KeyError as exc:
-            self.send_error(404, f"unknown {exc}")
-
-    def _send(self, body: bytes, kind: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
-        logger.debug("version server: " + format, *args)
-
-
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    owner: "Server"
+            answer = owner.resolve(name, scope)
+        except KeyError:
+            raise Refused(404, f"no model {name!r} here") from None
+        return Answer(json.dumps(answer).encode())
+    if path == "/payload":
+        index = query.get("index", "")
+        if not _INDEX.fullmatch(index):
+            raise Refused(400, f"index must be a version number, not {index[:20]!r}")
+        try:
+            copy = owner.payload_path(name, int(index))
+        except KeyError:
+            raise Refused(404, f"no version {index} of model {name!r} here") from None
+        try:
+            f = open(copy, "rb")
+        except FileNotFoundError:
+            raise Refused(410, f"{copy} was deleted") from None
+        return Answer(kind="application/octet-stream", file=f, size=os.fstat(f.fileno()).st_size)
+    raise Refused(404, f"no such path {path[:100]!r}")
 
 
 class Server:
-    """The driver's schedules and payload copies, and the HTTP server answering for them."""
+    """The driver's schedules and payload copies, and the HTTPS server answering for them
+    (listening at ``bind`` if given, else at ``host``, the address workers are told)."""
 
-    def __init__(self, host: str, port: int = 0) -> None:
+    def __init__(self, host: str, port: int = 0, bind: str | None = None) -> None:
         self.token = secrets.token_urlsafe(24)
         self._lock = threading.Lock()
         self._schedules: dict[str, Schedule] = {}
         self._boundaries: dict[str, Callable[[], None]] = {}
         self._payloads: dict[tuple[str, int], str] = {}
         self._folder: str | None = None  # made on the first payload kept, removed at exit
-        self._httpd = _bound(host, port)
-        self._httpd.owner = self
-        self.address = Address((host, self._httpd.server_address[1], self.token))
-        threading.Thread(target=self._httpd.serve_forever, name="spark_keras versions",
-                         daemon=True).start()
-        logger.info("model versions served at %s", self.address.url)
+        remove_stale_folders()
+        self._channel = Channel(_bound(host, port, bind), self.token,
+                                functools.partial(_answer, self))
+        self.address = Address((host, self._channel.port, self.token, self._channel.fingerprint))
+        logger.info("model versions served at %s (TLS certificate sha256 %s)",
+                    self.address.url, self._channel.fingerprint)
 
     def close(self) -> None:
         """Stop answering (the process's server lives as long as the process)."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._channel.close()
         self._remove_folder()
 
     def _remove_folder(self) -> None:
@@ -135,7 +140,7 @@ class Server:
         """A fresh path in the folder of payload copies, for :meth:`keep_payload`."""
         with self._lock:
             if self._folder is None:
-                self._folder = tempfile.mkdtemp(prefix="spark_keras_versions_")
+                self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_")
                 atexit.register(self._remove_folder)  # nothing left in TMPDIR
             fd, path = tempfile.mkstemp(suffix=".part", dir=self._folder)
         os.close(fd)
@@ -188,16 +193,77 @@ class Server:
         return {"version": _as_dict(version), "released": released}
 
 
-def _bound(host: str, port: int) -> "_HTTPServer":
-    """A server listening at ``host`` (what executors are told); on every address of
-    this machine if ``host`` is not one of its own (a container behind a NAT, say)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    server_class = type("_Server", (_HTTPServer,), {"address_family": family})
+def _bound(host: str, port: int, bind: str | None) -> socket.socket:
+    """The channel's listening socket: at ``bind`` if set, else at ``host`` (what
+    executors are told); on every interface, with a warning, if ``host`` is not an
+    address of this machine (a container behind a NAT, say)."""
+    if bind:
+        try:
+            return _listen(bind, port)
+        except OSError as exc:
+            raise SparkKerasError(f"the driver's channel cannot listen at {bind} port {port} "
+                                  f"(spark.driver.bindAddress or {BIND_ENV}): {exc}") from exc
     try:
-        return server_class((host, port), _Handler)
+        return _listen(host, port)
     except OSError as exc:
-        logger.info("cannot listen at %s (%s): listening on every address", host, exc)
-        return server_class(("::" if family == socket.AF_INET6 else "0.0.0.0", port), _Handler)
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise SparkKerasError(f"the driver's channel cannot listen at {host} port {port}: "
+                                  f"{exc}; set SPARK_KERAS_DRIVER_PORT to a free port (0: any)") from exc
+        everywhere = "::" if ":" in host else "0.0.0.0"
+        logger.warning("the driver's channel cannot listen at %s, the address executors are told "
+                       "(%s): it listens on every interface of this machine (%s) instead; set "
+                       "spark.driver.bindAddress (or %s) to the address executors reach it at",
+                       host, exc, everywhere, BIND_ENV)
+        return _listen(everywhere, port)
+
+
+def _listen(address: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def remove_stale_folders(folder: str | None = None) -> list[str]:
+    """Remove the payload folders that this user's dead drivers left in ``folder`` (the
+    temporary folder): a driver killed with SIGKILL skips its exit's clean-up. Folders
+    of live processes, of other users, or named the older way (no pid) stay.
+
+    Returns:
+        The folders removed.
+    """
+    folder = folder or tempfile.gettempdir()
+    if not hasattr(os, "getuid"):
+        return []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = _FOLDER.fullmatch(name)
+        pid = int(match.group(1)) if match else 0
+        if pid <= 0 or pid == os.getpid():
+            continue
+        path = os.path.join(folder, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:  # dead: its folder is stale
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except (OSError, OverflowError):  # alive under another user, or gone already
+            continue
+    if removed:
+        logger.info("removed the payload folders of dead drivers: %s", ", ".join(removed))
+    return removed
 
 
 def _as_dict(version: Version) -> dict[str, Any]:
@@ -209,14 +275,17 @@ _server: Server | None = None
 _server_lock = threading.Lock()
 
 
-def server_for(host: Callable[[], str]) -> Server:
+def server_for(host: Callable[[], str], bind: Callable[[], str | None] | None = None) -> Server:
     """This process's server, started on first use at ``host()`` (an address of this
-    machine that executors reach; ``SPARK_KERAS_DRIVER_HOST`` instead if set)."""
+    machine that executors reach; ``SPARK_KERAS_DRIVER_HOST`` instead if set), listening
+    at ``bind()`` if that is an address (:func:`bind_address`)."""
     global _server
     with _server_lock:
         if _server is None:
             port = int(os.environ.get("SPARK_KERAS_DRIVER_PORT", "0"))
-            _server = Server(os.environ.get("SPARK_KERAS_DRIVER_HOST") or host(), port)
+            listen = bind() if bind is not None else os.environ.get(BIND_ENV)
+            _server = Server(os.environ.get("SPARK_KERAS_DRIVER_HOST") or host(), port,
+                             listen or None)
         return _server
 
 
@@ -231,39 +300,15 @@ def driver_host(spark: Any, connect: bool) -> str:
     return socket.gethostbyname(sc.getConf().get("spark.driver.host") or socket.gethostname())
 
 
-# --- in a worker -------------------------------------------------------------------------
-
-def ask(address: Address, name: str, scope: str | None) -> dict[str, Any]:
-    """The driver's answer for handle ``name`` and ``scope`` (raises ``OSError`` when the
-    driver cannot be reached)."""
-    query = urllib.parse.urlencode({"name": name, "scope": scope or ""})
-    with _open(address, f"/resolve?{query}") as response:
-        return json.loads(response.read())
-
-
-def download(address: Address, name: str, index: int, out: BinaryIO) -> int:
-    """Write version ``index``'s payload from the driver into ``out``; its size."""
-    query = urllib.parse.urlencode({"name": name, "index": index})
-    buffer = memoryview(bytearray(_CHUNK))
-    with _open(address, f"/payload?{query}") as response:
-        total = 0
-        while True:
-            n = response.readinto(buffer)
-            if not n:
-                return total
-            out.write(buffer[:n])
-            total += n
-
-
-def _open(address: Address, path: str) -> Any:
-    request = urllib.request.Request(address.url + path,
-                                     headers={"X-Spark-Keras-Token": address[2]})
-    try:
-        return urllib.request.urlopen(request, timeout=TIMEOUT)
-    except urllib.error.HTTPError as exc:
-        raise SparkKerasError(f"the driver's model versions at {address.url} refused "
-                              f"{path.split('?')[0]}: {exc.code} {exc.reason} (a destroyed "
-                              f"BroadcastModel, or another driver's?)") from exc
+def bind_address(spark: Any, connect: bool) -> str | None:
+    """Where this driver's channel listens: ``SPARK_KERAS_DRIVER_BIND_ADDRESS``, else
+    ``spark.driver.bindAddress`` (classic Spark), else None (at its advertised host)."""
+    if os.environ.get(BIND_ENV):
+        return os.environ[BIND_ENV]
+    if connect:
+        return None  # the Connect server's settings are not this process's
+    sc = getattr(spark, "sparkContext", spark)
+    return sc.getConf().get("spark.driver.bindAddress") or None
 
 
 def objects_text(objects: bytes) -> str:

@@ -1,0 +1,392 @@
+"""The driver's channel: a small HTTPS server whose threads, memory and time are bounded.
+
+A :class:`Channel` answers ``GET`` requests, one per connection (``Connection: close``),
+over TLS with a key and certificate made for it in memory (:func:`tls_context`), whose
+fingerprint the handles pin (:mod:`.channel_client`). It checks each request's token in
+constant time, then hands the path and query to a function that answers them
+(:mod:`.version_server`'s). Bounds:
+
+* **threads**: one runs an asyncio event loop that accepts connections, runs TLS (on
+  non-blocking ``ssl`` sockets: OpenSSL's state alone per connection), reads requests and
+  writes answers; the answering function (which may check a model file in storage) and
+  payload file reads run in a pool of at most ``WORKERS`` threads;
+* **connections**: at most ``MAX_CONNECTIONS`` at once, and never more than a quarter of
+  the soft ``RLIMIT_NOFILE`` (:func:`connection_cap`). At the cap, the oldest connection
+  that has not shown the token within ``GRACE`` seconds is dropped for a new one; while
+  none has, new connections wait in the kernel's listen backlog. Out of file descriptors,
+  accepting pauses ``ACCEPT_PAUSE`` seconds each time (logged once): it never spins;
+* **time**: the TLS handshake and the whole request head within ``HEAD_TIMEOUT`` seconds
+  of the connection; each chunk of an answer taken by the reader within
+  ``WRITE_TIMEOUT`` seconds, or the connection is dropped. No keep-alive: no connection
+  stays idle after its answer;
+* **memory**: a request head of at most ``HEAD_BYTES`` and ``HEAD_LINES`` header lines
+  (else 431); per connection OpenSSL's state (tens of KiB), plus one ``CHUNK`` while it
+  streams a payload to a reader that showed the token.
+
+Refusals (a bad token, a malformed request) answer 4xx with a one-line reason, logged
+at WARNING the first time for each status and at DEBUG after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import errno
+import functools
+import hashlib
+import hmac
+import http
+import logging
+import os
+import socket
+import ssl
+import tempfile
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, Callable
+
+logger = logging.getLogger("spark_keras")
+
+MAX_CONNECTIONS = 256
+WORKERS = 4
+GRACE = 0.5  # seconds a connection keeps its place at the cap before showing the token
+HEAD_TIMEOUT = 10.0
+WRITE_TIMEOUT = 30.0
+HEAD_BYTES = 8 << 10
+HEAD_LINES = 32
+CHUNK = 256 << 10
+ACCEPT_PAUSE = 1.0
+TOKEN_HEADER = b"x-spark-keras-token"
+_OUT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class Refused(Exception):
+    """Raised by an answering function: the request gets ``status`` and the message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass
+class Answer:
+    """A request's answer: ``body`` (of type ``kind``), or ``size`` bytes read from
+    ``file`` (closed once sent)."""
+
+    body: bytes = b""
+    kind: str = "application/json"
+    file: BinaryIO | None = None
+    size: int = 0
+
+
+Answering = Callable[[str, dict[str, str]], Answer]  # (path, query) -> answer; may raise Refused
+
+
+def connection_cap() -> int:
+    """``MAX_CONNECTIONS``, or a quarter of the soft ``RLIMIT_NOFILE`` if lower."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # no such limit here (Windows)
+        return MAX_CONNECTIONS
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(1, min(MAX_CONNECTIONS, soft // 4))
+
+
+def tls_context() -> tuple[ssl.SSLContext, str]:
+    """A TLS server context with a fresh EC P-256 key and a self-signed certificate,
+    and the certificate's SHA-256 fingerprint (hex, of its DER form). The key is made
+    in memory; ``ssl`` loads it from a file only, written in a private temporary folder
+    (mode 0700, the file 0600) and removed at once."""
+    from .._deps import require
+
+    require("cryptography", "the driver's channel (its TLS certificate)", extra="spark")
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spark_keras driver channel")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(days=1))
+                   .not_valid_after(now + datetime.timedelta(days=3650))
+                   .sign(key, hashes.SHA256()))
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()) + \
+        certificate.public_bytes(serialization.Encoding.PEM)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.num_tickets = 0  # clients never resume a session: no tickets to make
+    with tempfile.TemporaryDirectory(prefix="spark_keras_tls_") as folder:
+        path = os.path.join(folder, "key.pem")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(pem)
+        context.load_cert_chain(path)
+    fingerprint = hashlib.sha256(certificate.public_bytes(serialization.Encoding.DER)).hexdigest()
+    return context, fingerprint
+
+
+class _Connection:
+    __slots__ = ("sock", "peer", "since", "shown", "task")
+
+    def __init__(self, sock: ssl.SSLSocket, peer: Any) -> None:
+        self.sock, self.peer, self.since, self.shown = sock, peer, time.monotonic(), False
+        self.task: asyncio.Task | None = None
+
+
+class Channel:
+    """An HTTPS server on the listening socket ``sock``, answering requests that show
+    ``token`` with ``answering(path, query)`` (see the module's bounds)."""
+
+    def __init__(self, sock: socket.socket, token: str, answering: Answering) -> None:
+        self.context, self.fingerprint = tls_context()
+        self.cap = connection_cap()
+        self._sock = sock
+        sock.setblocking(False)
+        self._token = token.encode()
+        self._answering = answering
+        self._connections: dict[_Connection, None] = {}  # oldest first
+        self._logged: set[Any] = set()
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="spark_keras channel")
+        self._loop = asyncio.new_event_loop()
+        self._freed = asyncio.Event()
+        self._main = self._loop.create_task(self._accept())
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="spark_keras channel", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._sock.getsockname()[1]
+
+    def connections(self) -> int:
+        """The connections open now."""
+        return len(self._connections)
+
+    def close(self) -> None:
+        """Stop accepting, drop every connection, and end the thread."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._loop.call_soon_threadsafe(self._main.cancel)
+        except RuntimeError:  # the loop ended already
+            pass
+        self._thread.join(10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._main)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._sock.close()
+            self._loop.close()
+
+    # --- accepting ---------------------------------------------------------------------
+
+    async def _accept(self) -> None:
+        try:
+            while True:
+                await self._room()
+                try:
+                    sock, peer = await self._loop.sock_accept(self._sock)
+                except OSError as exc:
+                    if exc.errno in _OUT_OF_FILES:
+                        self._log_once("files", "the driver's channel cannot accept a connection: "
+                                       "%s (it holds %d); it retries every %.0f s", exc,
+                                       len(self._connections), ACCEPT_PAUSE)
+                        await asyncio.sleep(ACCEPT_PAUSE)
+                    continue  # a connection reset before it was accepted
+                self._start(sock, peer)
+        finally:
+            tasks = [c.task for c in self._connections if c.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _room(self) -> None:
+        """Return once a connection may be accepted: below the cap, or after dropping
+        the oldest connection that has not shown the token within GRACE seconds."""
+        while len(self._connections) >= self.cap:
+            self._log_once("cap", "the driver's channel holds %d connections, its maximum: new "
+                           "ones wait, and those that do not show the token within %.1f s are "
+                           "dropped for them", self.cap, GRACE)
+            oldest = next((c for c in self._connections if not c.shown), None)
+            age = time.monotonic() - oldest.since if oldest is not None else 0.0
+            if oldest is not None and age >= GRACE:
+                self._drop(oldest)
+                await asyncio.sleep(0)  # its task closes its socket
+                continue
+            self._freed.clear()
+            try:
+                async with asyncio.timeout(GRACE - age if oldest is not None else ACCEPT_PAUSE):
+                    await self._freed.wait()
+            except TimeoutError:
+                pass
+
+    def _start(self, sock: socket.socket, peer: Any) -> None:
+        sock.setblocking(False)
+        try:
+            tls = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except OSError:
+            sock.close()
+            return
+        connection = _Connection(tls, peer)
+        self._connections[connection] = None
+        connection.task = self._loop.create_task(self._serve(connection))
+
+    def _drop(self, connection: _Connection) -> None:
+        self._connections.pop(connection, None)
+        if connection.task is not None:
+            connection.task.cancel()
+
+    # --- one connection ----------------------------------------------------------------
+
+    async def _serve(self, connection: _Connection) -> None:
+        sock = connection.sock
+        try:
+            try:
+                async with asyncio.timeout(HEAD_TIMEOUT):
+                    await self._io(sock, sock.do_handshake)
+                    path, query = self._request(await self._read_head(sock))
+                connection.shown = True
+                answer = await self._loop.run_in_executor(self._pool, self._answering, path, query)
+            except Refused as exc:
+                if exc.status == 404:  # a destroyed handle's late tasks: nothing to warn of
+                    logger.debug("the driver's channel: 404 %s", exc)
+                else:
+                    self._log_once(exc.status, "the driver's channel refused a request from %s: "
+                                   "%d %s (later refusals with this status are logged at DEBUG)",
+                                   connection.peer, exc.status, exc)
+                await self._send(sock, self._error(exc.status, str(exc)))
+                return
+            except (OSError, EOFError):
+                raise
+            except Exception as exc:  # a defect: the client gets 500, the driver one log line
+                self._log_once(("defect", type(exc)), "the driver's channel failed to answer %s: "
+                               "%r", connection.peer, exc, exc_info=True)
+                await self._send(sock, self._error(500, "the driver failed to answer"))
+                return
+            await self._send_answer(sock, answer)
+        except (OSError, EOFError) as exc:  # gone, too slow (TimeoutError), TLS failed
+            logger.debug("the driver's channel dropped a connection from %s: %r",
+                         connection.peer, exc)
+        finally:
+            sock.close()
+            self._connections.pop(connection, None)
+            self._freed.set()
+
+    async def _read_head(self, sock: ssl.SSLSocket) -> bytes:
+        head = bytearray()
+        while (end := head.find(b"\r\n\r\n")) < 0:
+            if len(head) > HEAD_BYTES or head.count(b"\n") > HEAD_LINES + 1:
+                raise Refused(431, f"a request head is at most {HEAD_BYTES} bytes and "
+                                   f"{HEAD_LINES} header lines")
+            data = await self._io(sock, functools.partial(sock.recv, 4096))
+            if not data:
+                raise EOFError("closed before the end of its request")
+            head += data
+        return bytes(head[:end])
+
+    def _request(self, head: bytes) -> tuple[str, dict[str, str]]:
+        """A request head's path and query, once its token is checked."""
+        lines = head.split(b"\r\n")
+        if len(lines) > HEAD_LINES + 1 or len(head) > HEAD_BYTES:
+            raise Refused(431, f"a request head is at most {HEAD_BYTES} bytes and "
+                               f"{HEAD_LINES} header lines")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            raise Refused(400, "a malformed request line")
+        if parts[0] != b"GET":
+            raise Refused(405, "only GET is answered")
+        token = b""
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise Refused(400, "a malformed header line")
+            if name.strip().lower() == TOKEN_HEADER:
+                token = value.strip()
+        if not hmac.compare_digest(token, self._token):  # bytes: any content compares
+            raise Refused(403, "bad token")
+        try:
+            url = urllib.parse.urlsplit(parts[1].decode("ascii"))
+            query = dict(urllib.parse.parse_qsl(url.query, max_num_fields=8, errors="strict"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise Refused(400, f"a malformed request target ({exc})") from None
+        return url.path, query
+
+    async def _send_answer(self, sock: ssl.SSLSocket, answer: Answer) -> None:
+        if answer.file is None:
+            await self._send(sock, self._head(200, answer.kind, len(answer.body)) + answer.body)
+            return
+        try:
+            await self._send(sock, self._head(200, answer.kind, answer.size))
+            left = answer.size
+            while left > 0:
+                chunk = await self._loop.run_in_executor(self._pool, answer.file.read,
+                                                         min(CHUNK, left))
+                if not chunk:
+                    raise EOFError("the payload file is shorter than it was")  # reader: cut short
+                await self._send(sock, chunk)
+                left -= len(chunk)
+        finally:
+            answer.file.close()
+
+    async def _send(self, sock: ssl.SSLSocket, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                sent = await self._io(sock, functools.partial(sock.send, view))
+            view = view[sent:]
+
+    async def _io(self, sock: ssl.SSLSocket, operation: Callable[[], Any]) -> Any:
+        """``operation()`` (a call on the non-blocking socket), again each time TLS can
+        go on, until it completes."""
+        while True:
+            try:
+                return operation()
+            except ssl.SSLWantReadError:
+                await self._ready(sock, self._loop.add_reader, self._loop.remove_reader)
+            except ssl.SSLWantWriteError:
+                await self._ready(sock, self._loop.add_writer, self._loop.remove_writer)
+
+    async def _ready(self, sock: ssl.SSLSocket, add: Callable[..., Any],
+                     remove: Callable[[int], Any]) -> None:
+        future = self._loop.create_future()
+        fd = sock.fileno()
+        add(fd, _resolve, future)
+        try:
+            await future
+        finally:
+            remove(fd)
+
+    @staticmethod
+    def _head(status: int, kind: str, length: int) -> bytes:
+        return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
+                f"Content-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+
+    def _error(self, status: int, message: str) -> bytes:
+        body = message.encode("utf-8", "replace")
+        return self._head(status, "text/plain; charset=utf-8", len(body)) + body
+
+    def _log_once(self, kind: Any, message: str, *args: Any, exc_info: bool = False) -> None:
+        level = logging.DEBUG if kind in self._logged else logging.WARNING
+        self._logged.add(kind)
+        logger.log(level, message, *args, exc_info=exc_info)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
