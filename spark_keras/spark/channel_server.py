@@ -262,22 +262,15 @@ class Channel:
                     await self._io(sock, sock.do_handshake)
                     path, query = self._request(await self._read_head(sock))
                 connection.shown = True
-                answer = await self._loop.run_in_executor(self._pool, self._answering, path, query)
+                answer = await self._answer(connection, path, query)
             except Refused as exc:
-                if exc.status == 404:  # a destroyed handle's late tasks: nothing to warn of
-                    logger.debug("the driver's channel: 404 %s", exc)
+                if exc.status in (404, 500):  # a destroyed handle's late tasks; a defect, logged
+                    logger.debug("the driver's channel: %d %s", exc.status, exc)
                 else:
                     self._log_once(exc.status, "the driver's channel refused a request from %s: "
                                    "%d %s (later refusals with this status are logged at DEBUG)",
                                    connection.peer, exc.status, exc)
                 await self._send(sock, self._error(exc.status, str(exc)))
-                return
-            except (OSError, EOFError):
-                raise
-            except Exception as exc:  # a defect: the client gets 500, the driver one log line
-                self._log_once(("defect", type(exc)), "the driver's channel failed to answer %s: "
-                               "%r", connection.peer, exc, exc_info=True)
-                await self._send(sock, self._error(500, "the driver failed to answer"))
                 return
             await self._send_answer(sock, answer)
         except (OSError, EOFError) as exc:  # gone, too slow (TimeoutError), TLS failed
@@ -287,6 +280,18 @@ class Channel:
             sock.close()
             self._connections.pop(connection, None)
             self._freed.set()
+
+    async def _answer(self, connection: _Connection, path: str, query: dict[str, str]) -> Answer:
+        """The answering function's answer (in the pool); its failures, other than a
+        refusal, answer 500 and are logged once (an OSError there is not the connection's)."""
+        try:
+            return await self._loop.run_in_executor(self._pool, self._answering, path, query)
+        except Refused:
+            raise
+        except Exception as exc:
+            self._log_once(("defect", type(exc)), "the driver's channel failed to answer %s: %r",
+                           connection.peer, exc, exc_info=True)
+            raise Refused(500, "the driver failed to answer (its log says why)") from None
 
     async def _read_head(self, sock: ssl.SSLSocket) -> bytes:
         head = bytearray()
@@ -335,8 +340,13 @@ class Channel:
             await self._send(sock, self._head(200, answer.kind, answer.size))
             left = answer.size
             while left > 0:
-                chunk = await self._loop.run_in_executor(self._pool, answer.file.read,
-                                                         min(CHUNK, left))
+                try:
+                    chunk = await self._loop.run_in_executor(self._pool, answer.file.read,
+                                                             min(CHUNK, left))
+                except OSError as exc:  # the reader sees its answer cut short
+                    self._log_once(("read", type(exc)), "the driver's channel cannot read a "
+                                   "payload file: %s", exc)
+                    raise EOFError("the payload file cannot be read") from exc
                 if not chunk:
                     raise EOFError("the payload file is shorter than it was")  # reader: cut short
                 await self._send(sock, chunk)
