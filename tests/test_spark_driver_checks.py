@@ -5,6 +5,9 @@ Real local Spark, real Keras."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+
 import numpy as np
 import pytest
 from pyspark.ml.functions import array_to_vector
@@ -28,31 +31,62 @@ def df(spark):
                                        "f array<double>, flag boolean")
 
 
-def _jobs(spark) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+@contextlib.contextmanager
+def _counting_jobs(spark):
+    """Gives a function counting the Spark jobs started in the block (in a job group of its
+    own: the shared session's status tracker keeps only its last spark.ui.retainedJobs)."""
+    sc = spark.sparkContext
+    group = f"driver-checks-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "spark-keras driver checks")
+    try:
+        yield lambda: len(sc.statusTracker().getJobIdsForGroup(group))
+    finally:
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            sc.setLocalProperty(key, None)
 
 
-@pytest.mark.parametrize("columns, says", [
+def _assert_refused_on_the_driver(spark, action, says: str) -> None:
+    """``action`` raises the driver's ModelInputError saying ``says``, and no Spark job
+    starts (a task's failure would come as a PythonException, after a job started)."""
+    with _counting_jobs(spark) as jobs:
+        with pytest.raises(Exception) as raised:
+            action()
+        started = jobs()
+    assert started == 0, f"{started} Spark job(s) started: {raised.value!s:.300}"
+    assert type(raised.value) is sk.ModelInputError, raised.value  # the driver's, not a task's
+    assert says in str(raised.value)
+
+
+CASES = [
     (["a", "b", "c"], "3 columns ['a', 'b', 'c'] given; the model input"),
     ("s", "column 's' has type string; the model input"),
     ("raw", "column 'raw' has type binary"),
     ("flag", "column 'flag' has type bool"),
-])
+]
+
+
+@pytest.mark.parametrize("columns, says", CASES)
 def test_transform_refuses_what_no_row_can_fix(spark, wide, df, columns, says):
-    jobs = _jobs(spark)
-    with pytest.raises(sk.ModelInputError, match=says.replace("[", r"\[").replace("]", r"\]")):
-        wide.transform(df, columns)  # lazy: no action, the driver refused it
-    assert _jobs(spark) == jobs  # no Spark job ran
+    """``transform()`` itself raises, on the driver: the action after it never starts.
+    Without the driver check the action would start a job whose task raises (a
+    PythonException, and a job counted: the control below)."""
+    _assert_refused_on_the_driver(spark, lambda: wide.transform(df, columns).collect(), says)
 
 
-def test_the_driver_says_what_a_worker_would(spark, wide, df):
-    """The same text: a predict_udf (which cannot see the schema when it is made) fails in
-    the worker with the message transform() gives on the driver."""
+@pytest.mark.parametrize("columns, says", CASES)
+def test_the_driver_says_what_a_worker_would(spark, wide, df, columns, says):
+    """The control of the test above: a predict_udf (which cannot see the schema when it is
+    made) lets the action start a job, whose task fails with the message transform()
+    gives on the driver."""
     with pytest.raises(sk.ModelInputError) as driver:
-        wide.transform(df, "s")
-    with pytest.raises(Exception) as worker:
-        df.select(wide.predict_udf()("s")).collect()
-    assert str(driver.value) in str(worker.value)
+        wide.transform(df, columns)
+    names = columns if isinstance(columns, list) else [columns]
+    with _counting_jobs(spark) as jobs:
+        with pytest.raises(Exception) as worker:
+            df.select(wide.predict_udf()(*names)).collect()
+        assert jobs() >= 1  # the counter sees the job a check left to the workers runs
+    assert not isinstance(worker.value, sk.ModelInputError)  # a task's failure, as Spark reports it
+    assert says in str(worker.value) and str(driver.value) in str(worker.value)
 
 
 def test_columns_the_model_takes_pass_the_driver_check(spark, wide, df):
@@ -77,7 +111,5 @@ def test_a_preprocess_function_sees_the_columns_first(spark, df):
 
 def test_keras_transformer_refuses_on_the_driver(spark, df):
     stage = KerasTransformer(model=models.mlp(20, 8, 1), inputCol="s")
-    jobs = _jobs(spark)
-    with pytest.raises(sk.ModelInputError, match="column 's' has type string"):
-        stage.transform(df)
-    assert _jobs(spark) == jobs
+    _assert_refused_on_the_driver(spark, lambda: stage.transform(df).collect(),
+                                  "column 's' has type string")
