@@ -182,7 +182,8 @@ class Channel:
             self._loop.call_soon_threadsafe(self._main.cancel)
         except RuntimeError:  # the loop ended already
             pass
-        self._thread.join(10)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(10)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
