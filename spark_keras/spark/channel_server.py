@@ -147,7 +147,11 @@ class Channel:
     ``token`` with ``answering(path, query)`` (see the module's bounds)."""
 
     def __init__(self, sock: socket.socket, token: str, answering: Answering) -> None:
-        self.context, self.fingerprint = tls_context()
+        try:
+            self.context, self.fingerprint = tls_context()
+        except BaseException:
+            sock.close()
+            raise
         self.cap = connection_cap()
         self._sock = sock
         sock.setblocking(False)
@@ -156,7 +160,7 @@ class Channel:
         self._connections: dict[_Connection, None] = {}  # oldest first
         self._logged: set[Any] = set()
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="spark_keras channel")
-        self._loop = asyncio.new_event_loop()
+        self._loop = asyncio.SelectorEventLoop()  # add_reader/add_writer: not a proactor
         self._freed = asyncio.Event()
         self._main = self._loop.create_task(self._accept())
         self._closed = False
