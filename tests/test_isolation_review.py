@@ -1,5 +1,5 @@
 """Row isolation, the review's cases (real Keras models; Spark where it says so): a
-prepress function that edits its batch in place, a bucket whose every row raises beside a
+preprocess function that edits its batch in place, a bucket whose every row raises beside a
 per-step output, a preprocess that pads each call to its longest row, a string output
 that is not UTF-8, and the bound on the search's work."""
 
