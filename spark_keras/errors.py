@@ -5,7 +5,8 @@ from __future__ import annotations
 __all__ = ["SparkKerasError", "PayloadError", "PayloadChangedError", "StorageError",
            "LocalWriteError", "ModelInputError", "ModelCallError", "InvalidRowsError",
            "ModelError", "ArgumentError", "ArgumentTypeError", "PreprocessError",
-           "MissingDependencyError", "ChannelError", "ChannelTrustError"]
+           "MissingDependencyError", "ChannelError", "ChannelTrustError",
+           "WorkersPythonError"]
 
 
 class SparkKerasError(Exception):
@@ -62,6 +63,11 @@ class ArgumentError(SparkKerasError, ValueError):
 
 class ArgumentTypeError(SparkKerasError, TypeError):
     """An argument is of a type spark_keras does not accept."""
+
+
+class WorkersPythonError(SparkKerasError):
+    """Spark's Python workers cannot run spark_keras: their interpreter lacks the package
+    or has another PySpark major.minor than the driver's. Nothing was scored."""
 
 
 class ChannelError(SparkKerasError):

@@ -30,7 +30,7 @@ import threading
 import zipfile
 from typing import Any
 
-from ..errors import SparkKerasError
+from ..errors import WorkersPythonError
 
 logger = logging.getLogger("spark_keras")
 
@@ -63,7 +63,7 @@ def check_workers_python(sc: Any) -> None:
     per task.
 
     Raises:
-        SparkKerasError: the workers' Python cannot import spark_keras, or its PySpark's
+        WorkersPythonError: the workers' Python cannot import spark_keras, or its PySpark's
             version differs from the driver's (major.minor).
     """
     exec_ = getattr(sc, "pythonExec", None) or "python3"
@@ -130,7 +130,7 @@ def _check_local(exec_: str, path: str, env: dict[str, str]) -> None:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         why = lines[-1] if lines else f"exit status {done.returncode}"
         unset = "" if "PYSPARK_PYTHON" in os.environ else " (PYSPARK_PYTHON is unset: PATH's python3)"
-        raise SparkKerasError(
+        raise WorkersPythonError(
             f"Spark's Python workers run {exec_!r}{unset}, which cannot import spark_keras "
             f"({why}): set PYSPARK_PYTHON to a Python that has spark-keras installed before "
             f"the SparkSession starts, e.g. os.environ['PYSPARK_PYTHON'] = sys.executable "
@@ -144,7 +144,7 @@ def _compare(versions: list[str], exec_: str) -> None:
 
     theirs, ours = versions[1], pyspark.__version__
     if theirs.split(".")[:2] != ours.split(".")[:2]:
-        raise SparkKerasError(f"Spark's Python workers ({exec_}) have PySpark {theirs}, the "
+        raise WorkersPythonError(f"Spark's Python workers ({exec_}) have PySpark {theirs}, the "
                               f"driver {ours}: install the same PySpark in both")
 
 
@@ -166,9 +166,9 @@ def _check_remote(sc: Any, exec_: str) -> None:
         first = next((line.strip() for line in text.splitlines()
                       if "No module named" in line), text.splitlines()[0] if text else "")
         if not missing:
-            raise SparkKerasError(f"a probe task on master {sc.master} failed before any "
-                                  f"model was shipped: {first}") from exc
-        raise SparkKerasError(
+            raise WorkersPythonError(f"a probe task on master {sc.master} failed before "
+                                     f"any model was shipped: {first}") from exc
+        raise WorkersPythonError(
             f"the executors' Python ({exec_}) cannot import spark_keras ({first}): set "
             f"PYSPARK_PYTHON / spark.pyspark.python to a Python that has spark-keras "
             f"installed (an image, or a packed environment with spark.archives)") from None
@@ -184,7 +184,7 @@ def check_daemon(sc: Any) -> None:
         return
     shipped = [p for p in (conf.get(PY_FILES_CONF, "") or "").split(",") if _holds_package(p)]
     if shipped:
-        raise SparkKerasError(
+        raise WorkersPythonError(
             f"{DAEMON_CONF}={daemon}, but spark_keras reaches the executors through "
             f"--py-files ({', '.join(shipped)}), which each task adds to sys.path only after "
             f"the daemon has started: every Python task would fail with 'No module named "
