@@ -65,7 +65,11 @@ def test_save_streams_the_weights_into_the_file_without_a_copy(tmp_path):
 def test_a_large_model_ships_from_the_driver_file_and_scores_exactly(spark, build_log):
     model = wide_model(80)  # over driver_payload.LARGE_PAYLOAD (64 MiB)
     assert driver_payload.weights_nbytes(model) > driver_payload.LARGE_PAYLOAD
+    # the driver's server started first (its TLS key and imports are not the model's copies)
+    warm = sk.BroadcastModel(spark, keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
+                             ship="driver")
     bm, peak = allocated_peak(lambda: sk.BroadcastModel(spark, model))
+    warm.destroy()
     try:
         assert isinstance(bm._transport, ServedTransport)
         assert bm.key and bm._nbytes > 80 * MB
@@ -152,3 +156,28 @@ def test_a_payload_that_cannot_load_leaves_no_file_on_the_driver(spark, tmp_path
     folder = version_server._server._folder  # made for the copy
     assert folder and os.path.isdir(folder)
     assert not [n for n in os.listdir(folder) if n.endswith(".part")]
+
+
+def test_a_refused_update_leaves_no_file_on_the_driver(spark, tmp_path):
+    """A large model that does not fit the handle's inputs: refused before its payload
+    is written (a model), or once read (a file), leaving nothing in the driver's folder."""
+    from spark_keras.spark import version_server
+
+    small = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    bm = sk.BroadcastModel(spark, small, ship="driver")  # the driver's folder exists
+    try:
+        folder = version_server._server._folder
+        before = set(os.listdir(folder))
+        other = wide_model(68)  # over LARGE_PAYLOAD: written to a file of the driver
+        assert driver_payload.weights_nbytes(other) > driver_payload.LARGE_PAYLOAD
+        with pytest.raises(sk.ArgumentError, match="does not fit"):
+            bm.update(other)
+        assert set(os.listdir(folder)) == before
+        path = str(tmp_path / "other.skp")
+        sk.save(other, path)
+        with pytest.raises(sk.ArgumentError, match="does not fit"):
+            bm.update(path)  # copied to the driver's folder, loaded, refused
+        assert set(os.listdir(folder)) == before
+        assert bm.version == "1"
+    finally:
+        bm.destroy()

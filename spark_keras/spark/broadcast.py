@@ -6,6 +6,8 @@ import collections
 import dataclasses
 import logging
 import os
+import threading
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..cache import model_cache
@@ -105,20 +107,46 @@ class BroadcastModel(ModelHandle):
                  preprocess: Callable[[Any], Any] | None = None,
                  resize: str | None = None, version: str | None = None,
                  refresh: float | None = None, ship: str = "auto") -> None:
+        # every argument is checked before a file is written
         self.resize = check_resize(resize)
         label = versions.check_label(version, [])
         driver_payload.check_ship(ship, is_connect(spark))
+        watch_every = versions.check_refresh(refresh, model_or_path)
+        self._preprocess = Preprocess.of(preprocess)
+        self._custom_objects, self._safe_mode = custom_objects, safe_mode
         if not is_connect(spark):
             check_environment(getattr(spark, "sparkContext", spark))
-        # versions (see update): the driver's schedule answers the workers' tasks
-        server = self._server = version_server.server_for(
-            lambda: version_server.driver_host(spark, is_connect(spark)),
-            lambda: version_server.bind_address(spark, is_connect(spark)))
-        payload = driver_payload.read(model_or_path, custom_objects, safe_mode,
-                                      new_file=server.new_file, ship=ship)
+        # versions (see update): the driver's schedule answers the workers' tasks; the
+        # server stays open while this handle, or the Spark context, lives
+        with version_server.serving(
+                lambda: version_server.driver_host(spark, is_connect(spark)),
+                lambda: version_server.bind_address(spark, is_connect(spark))) as server:
+            payload = driver_payload.read(model_or_path, custom_objects, safe_mode,
+                                          new_file=server.new_file, ship=ship)
+            self._name = self.new_key(payload.model)
+            try:
+                self._ship(spark, server, payload, label, ship, watch_every)
+            except BaseException:  # nothing of it stays on the driver
+                payload.discard()
+                server.forget(self._name)
+                raise
+        self._share_weights = share_weights
+        self._released = False
+        # in a worker: (key, transport class) of the models the driver had released
+        self._stale: tuple[tuple[str, type[Transport]], ...] = ()
+        # dropped on the driver: its copies and registry entries go (see _collected)
+        self._finalizer: weakref.finalize | None = weakref.finalize(
+            self, _collected, server, self._name, self._driver_schedule(), type(self._transport))
+        self._finalizer.atexit = False  # at exit the server's folder goes whole
+        logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,
+                    type(self._transport).__name__)
+
+    def _ship(self, spark: Any, server: version_server.Server,
+              payload: driver_payload.DriverPayload, label: str, ship: str,
+              watch_every: float | None) -> None:
+        """The constructor's shipment of ``payload`` (read) as version 1 under ``self._name``."""
         model = payload.model
         self._model: Any = model
-        self._name = self.new_key(model)
         self._epoch = 0
         self._key = self._name
         self._nbytes = payload.nbytes
@@ -126,9 +154,12 @@ class BroadcastModel(ModelHandle):
         # the payload travels on its own (a broadcast, a file, a Connect artifact), so a
         # worker that finds it already on disk never unpickles it; the rest is small
         # and travels in the handle
-        self._custom_objects, self._safe_mode = custom_objects, safe_mode
+        self._recipe = Shipment.recipe_of(model, custom_objects=self._custom_objects,
+                                          safe_mode=self._safe_mode)
+        self._server = server
         self._versions: version_server.Address | None = server.address
         self._version, self._index, self._first_label = label, 1, label
+        self._lock = threading.Lock()  # update(), unpersist(), destroy() one at a time
 
         def keep() -> ServedTransport:  # the driver's copy, where transport_for needs one
             payload.path = server.keep_payload(self._name, 1, payload.kept)
@@ -137,18 +168,9 @@ class BroadcastModel(ModelHandle):
         self._transport = transport_for(spark, self._key, payload, keep, ship)
         self._schedule: versions.Schedule | None = versions.Schedule(
             versions.Version(1, label, self._name, payload.nbytes))
-        self._watch = versions.Watch(self, payload.stored, refresh) if refresh is not None else None
+        self._watch = None if watch_every is None else versions.Watch(self, payload.stored, watch_every)
         server.register(self._name, self._schedule,
                         None if self._watch is None else self._watch.check)
-        self._recipe = Shipment.recipe_of(model, custom_objects=custom_objects,
-                                          safe_mode=safe_mode)
-        self._share_weights = share_weights
-        self._preprocess = Preprocess.of(preprocess)
-        self._released = False
-        # in a worker: (key, transport class) of the models the driver had released
-        self._stale: tuple[tuple[str, type[Transport]], ...] = ()
-        logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,
-                    type(self._transport).__name__)
 
     # --- the model (key, nbytes, value, predictor, signature: see ModelHandle) ---------
 
@@ -251,7 +273,8 @@ class BroadcastModel(ModelHandle):
             model_or_path: as for the constructor. It must take the same inputs and give
                 the same outputs (shapes, dtypes, names) as the current version: plans
                 made with this handle fixed their schema.
-            version: the new version's label (default: its number, "2", "3"...).
+            version: the new version's label, unique (default: its number, "2", "3"...,
+                or the next number no version's label took).
             custom_objects: as for the constructor (default: the constructor's).
 
         Returns:
@@ -263,9 +286,22 @@ class BroadcastModel(ModelHandle):
         """
         self.check_usable()
         schedule = self._driver_schedule()
-        label = versions.check_label(version, schedule.labels(), default=str(schedule.next_index()))
+        if version is not None:  # refused before anything is read or written
+            versions.check_label(version, schedule.labels())
         objects = custom_objects if custom_objects is not None else self._custom_objects
-        return self._adopt(self._read(model_or_path, objects), label=label, custom_objects=objects)
+        self._check_fits(model_or_path)
+        return self._adopt(self._read(model_or_path, objects), label=version, custom_objects=objects)
+
+    def _check_fits(self, model: Any) -> None:
+        """Refuse a model object that does not fit before its payload is written (a
+        file's model is checked once read, in :meth:`_adopt`)."""
+        if isinstance(model, (str, os.PathLike)):
+            return
+        try:
+            new = signature_of(model)
+        except Exception:  # not a model: reading it says what is wrong
+            return
+        versions.check_fits(self.signature, new)
 
     def _read(self, model_or_path: Any, custom_objects: Mapping[str, Any] | None
               ) -> driver_payload.DriverPayload:
@@ -276,21 +312,30 @@ class BroadcastModel(ModelHandle):
                custom_objects: Mapping[str, Any] | None = None) -> str:
         """:meth:`update` to a model already read (``payload``: the model, its payload
         and, for a URI, its StoredModel; a watched URI ships its new file this way;
-        ``label`` defaults to the version's number)."""
-        schedule = self._driver_schedule()
-        index = schedule.next_index()
-        label = label or str(index)
-        objects = custom_objects if custom_objects is not None else self._custom_objects
-        model, stored = payload.model, payload.stored
-        versions.check_fits(self.signature, signature_of(model))
-        recipe = Shipment.recipe_of(model, custom_objects=objects, safe_mode=self._safe_mode)
-        self._server.keep_payload(self._name, index, payload.kept)
-        source = {"objects": version_server.objects_text(recipe.objects),
-                  "safe_mode": self._safe_mode,
-                  "stored": None if stored is None else dataclasses.asdict(stored)}
-        schedule.add(versions.Version(index, label, f"{self._name}.v{index}", payload.nbytes,
-                                      source))
-        self._model, self._version, self._index = model, label, index
+        ``label`` defaults to the version's number, or the next one not taken). The
+        version's number and label are chosen and it is added in one step, under the
+        handle's lock; a payload refused leaves no file."""
+        try:
+            objects = custom_objects if custom_objects is not None else self._custom_objects
+            model, stored = payload.model, payload.stored
+            versions.check_fits(self.signature, signature_of(model))
+            recipe = Shipment.recipe_of(model, custom_objects=objects, safe_mode=self._safe_mode)
+            payload.to_file(self._server.new_file)  # the slow part, before the lock
+            source = {"objects": version_server.objects_text(recipe.objects),
+                      "safe_mode": self._safe_mode,
+                      "stored": None if stored is None else dataclasses.asdict(stored)}
+            with self._lock:
+                self.check_usable()
+                schedule = self._driver_schedule()
+                index = schedule.next_index()
+                label = versions.check_label(label, schedule.labels(), index)
+                payload.path = self._server.keep_payload(self._name, index, payload.kept)
+                schedule.add(versions.Version(index, label, f"{self._name}.v{index}",
+                                              payload.nbytes, source))
+                self._model, self._version, self._index = model, label, index
+        except BaseException:
+            payload.discard()
+            raise
         logger.info("model %s: version %s shipped (%.1f MB payload)", self._name, label,
                     payload.nbytes / 2**20)
         return label
@@ -452,33 +497,47 @@ class BroadcastModel(ModelHandle):
         Args:
             blocking: wait until the broadcast blocks are removed.
         """
-        self._release_key()
-        self._transport.renew(blocking)
-        self._epoch += 1
-        self._key = f"{self._name}.{self._epoch}"
+        with self._lock:
+            self._release_key()
+            self._transport.renew(blocking)
+            self._epoch += 1
+            self._key = f"{self._name}.{self._epoch}"
+            if self._schedule is not None:  # every version is built afresh under a new key
+                self._schedule.rename(lambda v: self._key if v.index == 1
+                                      else f"{self._name}.v{v.index}.{self._epoch}")
 
     def destroy(self, blocking: bool = False) -> None:
         """Release the broadcast everywhere; this handle can no longer be used.
 
+        A handle dropped on the driver (garbage-collected) releases what it holds there
+        too: the driver's copies of its payloads go, and the plans made with it that
+        still run get its current version (from the workers' copies, or its broadcast)
+        until Spark stops; keep the handle while such plans may need the driver's copy.
+        Once no handle remains and Spark stopped, the driver's version server closes.
+
         Args:
             blocking: wait until the broadcast blocks are removed.
         """
-        self._release_key()
-        self._released = True
-        self._model = None
-        self._transport.destroy(blocking)
-        if self._schedule is not None:
+        with self._lock:
+            self._release_key()
+            self._released = True
+            self._model = None
+            self._transport.destroy(blocking)
+            schedule, self._schedule = self._schedule, None
+        if schedule is not None:  # on the driver: its copies, and the server if idle
+            if self._finalizer is not None:
+                self._finalizer.detach()
             self._server.forget(self._name)
-            self._schedule = None
+            version_server.close_if_idle(self._server)
 
     def _release_key(self) -> None:
-        """Workers drop the model and the executor's file for the current key when
-        they next use a handle (any BroadcastModel's); the files go with the executor
-        at the latest."""
-        _released.append((self._key, type(self._transport)))
-        if self._schedule is not None:  # and the versions update shipped
-            _released.extend((v.key, ServedTransport) for v in self._schedule.versions.values()
-                             if v.index > 1)
+        """Workers drop the models and the executor's files of the current keys (every
+        version's) when they next use a handle (any BroadcastModel's); the files go with
+        the executor at the latest."""
+        if self._schedule is None:
+            _released.append((self._key, type(self._transport)))
+        else:
+            _released.extend(_keys_of(self._schedule, type(self._transport)))
 
     # --- pickling (what a closure or a broadcast structure carries) ----------------------
 
@@ -486,13 +545,34 @@ class BroadcastModel(ModelHandle):
         if self._released:
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
         state = dict(self.__dict__, _model=None, _stale=tuple(_released), _schedule=None,
-                     _watch=None, _custom_objects=None, _server=None,
+                     _watch=None, _custom_objects=None, _server=None, _lock=None,
+                     _finalizer=None,
                      # a worker's handle is the first version (its own transport and
                      # recipe); the one current when it was pickled is asked for
                      _version=self._first_label, _index=1, _planned=self._index)
         state["_signature"] = self.signature
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
     def __repr__(self) -> str:
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
+
+
+def _keys_of(schedule: versions.Schedule, transport: type[Transport]) -> list[tuple[str, type[Transport]]]:
+    """``(key, transport class)`` of every version of ``schedule`` (version 1 travels by
+    the handle's own ``transport``, later ones from the driver)."""
+    return [(v.key, ServedTransport if v.index > 1 else transport)
+            for v in list(schedule.versions.values())]
+
+
+def _collected(server: version_server.Server, name: str, schedule: versions.Schedule,
+               transport: type[Transport]) -> None:
+    """A BroadcastModel garbage-collected on the driver (its finalizer): workers drop its
+    models when they next use a handle, and the driver its payload copies and registry
+    entries (plans made with it still find its current version while Spark runs; see
+    :meth:`.version_server.Server.retire`)."""
+    _released.extend(_keys_of(schedule, transport))
+    version_server.retire_soon(server, name)

@@ -52,6 +52,22 @@ class DriverPayload:
         """What the version server keeps of it: the file's path, else the bytes."""
         return self.path if self.path is not None else self.data
 
+    def to_file(self, new_file: Callable[[], str]) -> None:
+        """Write an in-memory payload to a fresh file of the version server (``path``),
+        so that keeping it is a rename; nothing is left if the write fails."""
+        if self.path is None and self.data is not None:
+            with _new_file(new_file) as path:
+                with open(path, "wb") as f:
+                    f.write(self.data)
+            self.path = path
+
+    def discard(self) -> None:
+        """Remove the payload's file, if it has one (a model refused once read)."""
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            self.path = None
+
 
 SHIP = ("auto", "driver", "broadcast")
 

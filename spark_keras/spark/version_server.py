@@ -8,8 +8,12 @@ server's secret token:
   and the versions released (JSON); a scope not of the forms :func:`.versions.scope_of`
   makes is refused (400) before it reaches the schedule;
 * ``GET /payload?name=<handle>&index=<n>``: a version's payload bytes (the driver keeps
-  a copy of each version it shipped itself or read from storage, until ``destroy``;
-  410 if that copy was deleted).
+  a copy of each version it shipped itself or read from storage, until ``destroy`` or
+  until the handle is garbage-collected; 410 if that copy was deleted).
+
+The server lives while a handle does, or a Spark context of this process (its stop is
+hooked): once neither does, it closes (its threads end, its port and its folder go), and
+the next handle starts another (:func:`serving`, :func:`close_if_idle`).
 
 The handle carries the server's address, its token and the fingerprint of its TLS
 certificate through Spark's own channel (the task's closure or plan): a worker refuses
@@ -34,6 +38,8 @@ from __future__ import annotations
 
 import atexit
 import base64
+import collections
+import contextlib
 import errno
 import functools
 import json
@@ -44,16 +50,17 @@ import secrets
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import SparkKerasError
 from .channel_client import TIMEOUT, Address, ask, download
 from .channel_server import Answer, Channel, Refused
-from .versions import Schedule, Version
+from .versions import Schedule, Version, active_context, in_context
 
-__all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "server_for", "driver_host",
+__all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_if_idle", "driver_host",
            "bind_address", "objects_text", "objects_bytes"]
 
 logger = logging.getLogger("spark_keras")
@@ -67,6 +74,8 @@ _INDEX = re.compile(r"[0-9]{1,9}")
 # spark_keras_versions_<pid>_<mkdtemp's 8 characters> (older names had no pid: kept)
 _FOLDER_PREFIX = "spark_keras_versions_"
 _FOLDER = re.compile(_FOLDER_PREFIX + r"([0-9]{1,10})_[a-z0-9_]{8}")
+# garbage-collected handles whose current version is still answered (see Server.retire)
+MAX_RETIRED = 1024
 
 
 def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer:
@@ -111,6 +120,10 @@ class Server:
         self._boundaries: dict[str, Callable[[], None]] = {}
         self._payloads: dict[tuple[str, int], str] = {}
         self._folder: str | None = None  # made on the first payload kept, removed at exit
+        # collected handles: their current version, for the plans still running
+        self._retired: collections.OrderedDict[str, Schedule] = collections.OrderedDict()
+        self._holds = 0  # handles being made (serving): the server stays open for them
+        self.closed = False
         remove_stale_folders()
         self._channel = Channel(_bound(host, port, bind), self.token,
                                 functools.partial(_answer, self))
@@ -119,9 +132,15 @@ class Server:
                     self.address.url, self._channel.fingerprint)
 
     def close(self) -> None:
-        """Stop answering (the process's server lives as long as the process)."""
+        """Stop answering and remove the folder of payload copies (:func:`close_if_idle`
+        does it once no handle remains and Spark stopped)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
         self._channel.close()
         self._remove_folder()
+        atexit.unregister(self._remove_folder)
 
     def _remove_folder(self) -> None:
         if self._folder is not None:
@@ -156,31 +175,61 @@ class Server:
             with open(source, "wb") as f:
                 f.write(payload)
         path = os.path.join(os.path.dirname(source), f"{name}.{index}.skp")
-        os.replace(source, path)
+        try:
+            os.replace(source, path)
+        except BaseException:
+            if source is not payload:  # the file written here: the caller's stays its own
+                _remove(source)
+            raise
         with self._lock:
             self._payloads[(name, index)] = path
         return path
 
     def forget(self, name: str) -> None:
         """Stop answering for ``name`` (destroyed); remove its payload copies."""
+        self._drop(name, retire=False)
+
+    def retire(self, name: str) -> None:
+        """``name``'s handle was garbage-collected: remove its payload copies and pins,
+        and stop checking its file; the plans made with it that still run are answered
+        its current version (the last :data:`MAX_RETIRED` such handles) until Spark
+        stops."""
+        self._drop(name, retire=True)
+
+    def _drop(self, name: str, retire: bool) -> None:
         with self._lock:
-            self._schedules.pop(name, None)
+            schedule = self._schedules.pop(name, None)
             self._boundaries.pop(name, None)
+            self._retired.pop(name, None)
+            if retire and schedule is not None:
+                self._retired[name] = schedule.current_only()
+                while len(self._retired) > MAX_RETIRED:
+                    self._retired.popitem(last=False)
             paths = [p for (n, _), p in self._payloads.items() if n == name]
             self._payloads = {k: p for k, p in self._payloads.items() if k[0] != name}
         for path in paths:
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+            _remove(path)
+
+    def idle(self) -> bool:
+        """True when no handle is registered or being made."""
+        with self._lock:
+            return not self._schedules and self._holds == 0
+
+    def end_of_spark(self) -> None:
+        """Spark stopped: the plans of collected handles cannot run any more."""
+        with self._lock:
+            self._retired.clear()
 
     def payload_path(self, name: str, index: int) -> str:
         with self._lock:
             return self._payloads[(name, index)]
 
     def resolve(self, name: str, scope: str | None) -> dict[str, Any]:
+        scope = in_context(scope, active_context())  # a stage's id is its context's
         with self._lock:
-            schedule = self._schedules[name]
+            schedule = self._schedules.get(name)
+            if schedule is None:
+                schedule = self._retired[name]
             boundary = self._boundaries.get(name)
         if boundary is not None and scope is not None and not schedule.is_pinned(scope):
             try:
@@ -266,6 +315,11 @@ def remove_stale_folders(folder: str | None = None) -> list[str]:
     return removed
 
 
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
 def _as_dict(version: Version) -> dict[str, Any]:
     return {"index": version.index, "label": version.label, "key": version.key,
             "nbytes": version.nbytes, "source": version.source}
@@ -275,10 +329,14 @@ _server: Server | None = None
 _server_lock = threading.Lock()
 
 
-def server_for(host: Callable[[], str], bind: Callable[[], str | None] | None = None) -> Server:
+@contextlib.contextmanager
+def serving(host: Callable[[], str], bind: Callable[[], str | None] | None = None
+            ) -> Iterator[Server]:
     """This process's server, started on first use at ``host()`` (an address of this
     machine that executors reach; ``SPARK_KERAS_DRIVER_HOST`` instead if set), listening
-    at ``bind()`` if that is an address (:func:`bind_address`)."""
+    at ``bind()`` if that is an address (:func:`bind_address`). It stays open while the
+    block runs (a handle made there registers in it), then while a handle remains or
+    Spark runs (:func:`close_if_idle`)."""
     global _server
     with _server_lock:
         if _server is None:
@@ -286,7 +344,72 @@ def server_for(host: Callable[[], str], bind: Callable[[], str | None] | None = 
             listen = bind() if bind is not None else os.environ.get(BIND_ENV)
             _server = Server(os.environ.get("SPARK_KERAS_DRIVER_HOST") or host(), port,
                              listen or None)
-        return _server
+        server = _server
+        server._holds += 1
+    _close_with_spark()
+    try:
+        yield server
+    finally:
+        with _server_lock:
+            server._holds -= 1
+        close_if_idle(server)
+
+
+def close_if_idle(server: Server) -> bool:
+    """Close ``server`` (thread, port and folder) if no handle remains in it and no Spark
+    context of this process is alive; the next handle starts a new one. True if closed."""
+    global _server
+    with _server_lock:
+        if server.closed or active_context() is not None:
+            return False
+        server.end_of_spark()
+        if not server.idle():
+            return False
+        server.close()
+        if _server is server:
+            _server = None
+    logger.info("model versions no longer served at %s", server.address.url)
+    return True
+
+
+def retire_soon(server: Server, name: str) -> None:
+    """:meth:`Server.retire` ``name``, then :func:`close_if_idle`, in a thread of its own:
+    for a finalizer, which runs in whichever thread the garbage collector does, maybe one
+    holding this module's locks."""
+    def retire() -> None:
+        server.retire(name)
+        close_if_idle(server)
+
+    try:
+        threading.Thread(target=retire, name="spark_keras release", daemon=True).start()
+    except RuntimeError:  # the interpreter is exiting: its exit removes the folder
+        pass
+
+
+def _close_with_spark() -> None:
+    """Have ``SparkContext.stop`` (and Spark Connect's ``SparkSession.stop``, once that is
+    loaded) close the server when no handle remains; once per class."""
+    from pyspark import SparkContext
+
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    for cls in (SparkContext, getattr(connect, "SparkSession", None)):
+        stop = getattr(cls, "stop", None)
+        if stop is not None and not getattr(stop, "_spark_keras_closes", False):
+            cls.stop = _closing(stop)  # type: ignore[method-assign,union-attr]
+
+
+def _closing(stop: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(stop)
+    def stop_and_close(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return stop(self, *args, **kwargs)
+        finally:
+            server = _server
+            if server is not None:
+                close_if_idle(server)
+
+    stop_and_close._spark_keras_closes = True  # type: ignore[attr-defined]
+    return stop_and_close
 
 
 def driver_host(spark: Any, connect: bool) -> str:

@@ -13,6 +13,12 @@ pins the scope to the version current then; every later task of it gets the same
 * a batch action (one SQL execution, every stage of it), ``sql:<execution id>``;
 * an RDD job, ``stage:<stage id>`` (a retried stage keeps its id).
 
+Stage ids start from 0 again in each SparkContext (and SQL execution ids in each JVM:
+a new local Spark Connect server): the driver puts the id of the Spark context running
+the task into those two kinds of scope (:func:`in_context`), so a pin made under a
+stopped context never answers a task of the next one. A micro-batch's scope is left
+alone: a query restarted from its checkpoint keeps its id, and its version.
+
 A version is *released* once it is not current and no micro-batch that could still run
 holds it (a micro-batch is done once a later micro-batch of its query has asked): the
 workers that learn of it drop its model and the executors' file of its payload. Batch
@@ -24,11 +30,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
+import os
+import sys
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from .. import storage
 from ..errors import ArgumentError, ArgumentTypeError
@@ -69,6 +78,45 @@ def scope_of(properties: dict[str, str | None], stage: int | None) -> str | None
     return None if stage is None else f"stage:{stage}"
 
 
+def in_context(scope: str | None, context: str | None) -> str | None:
+    """``scope`` (from a worker) as the driver pins it: a stage's or a SQL execution's
+    within ``context`` (:func:`active_context`), whose ids start again in the next one;
+    a micro-batch's as it is."""
+    if scope is None or context is None or not scope.startswith(("stage:", "sql:")):
+        return scope
+    kind, _, number = scope.partition(":")
+    return f"{kind}:{context}:{number}"
+
+
+# Spark contexts of this process, each with its id (weak: a stopped context goes)
+_context_ids: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_context_serial = itertools.count(1)
+_context_lock = threading.Lock()
+
+
+def active_context() -> str | None:
+    """An id of the Spark context this driver runs tasks in now (its active
+    SparkContext, else the default Spark Connect session), unique within the process;
+    None when neither is alive. Reads no JVM: cheap enough for every request."""
+    context: Any = None
+    if "pyspark" in sys.modules:
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is not None and getattr(sc, "_jsc", None) is not None:
+            context = sc
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if context is None and connect is not None:
+        context = connect.SparkSession._get_default_session()
+    if context is None:
+        return None
+    with _context_lock:
+        ident = _context_ids.get(context)
+        if ident is None:
+            ident = _context_ids[context] = f"spark{next(_context_serial)}"
+        return ident
+
+
 class Schedule:
     """A handle's versions on the driver: the current one, and the scopes pinned."""
 
@@ -91,9 +139,21 @@ class Schedule:
             return [v.label for v in self.versions.values()]
 
     def next_index(self) -> int:
-        """The number the next version gets (its default label)."""
+        """The number the next version gets (its default label, if not taken)."""
         with self._lock:
             return max(self.versions) + 1
+
+    def rename(self, key_of: Callable[[Version], str]) -> None:
+        """Give every version the cache key ``key_of(version)`` (after ``unpersist()``:
+        workers build them afresh under those, and drop them under those when released)."""
+        with self._lock:
+            self.versions = {i: dataclasses.replace(v, key=key_of(v)) for i, v in self.versions.items()}
+
+    def current_only(self) -> "Schedule":
+        """A schedule of the current version alone: what a collected handle's plans still
+        ask for (no pin, nothing released)."""
+        with self._lock:
+            return Schedule(self.versions[self.current])
 
     def is_pinned(self, scope: str) -> bool:
         with self._lock:
@@ -135,15 +195,30 @@ def _stream_batch(scope: str) -> tuple[str, int] | None:
     return query, int(batch)
 
 
-def check_label(version: Any, taken: list[str], default: str = "1") -> str:
-    """``version`` as a new label (``default`` if None)."""
+def check_label(version: Any, taken: list[str], number: int = 1) -> str:
+    """``version`` as a new label, refused if ``taken``; None: the first number from
+    ``number`` on that is not taken."""
     if version is None:
-        return default
+        while str(number) in taken:
+            number += 1
+        return str(number)
     if not isinstance(version, str) or not version:
         raise ArgumentTypeError(f"version must be a non-empty string, not {version!r}")
     if version in taken:
         raise ArgumentError(f"version {version!r} was shipped already (versions: {taken})")
     return version
+
+
+def check_refresh(refresh: Any, model_or_path: Any) -> float | None:
+    """``refresh=`` as seconds (None: no watch), refused unless the model is a URI."""
+    if refresh is None:
+        return None
+    if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh < 0:
+        raise ArgumentTypeError(f"refresh must be a number of seconds >= 0, not {refresh!r}")
+    if not isinstance(model_or_path, (str, os.PathLike)) or not storage.is_uri(os.fspath(model_or_path)):
+        raise ArgumentError("refresh= watches a model file given as a URI (file://, s3://...); "
+                            "this model was not")
+    return float(refresh)
 
 
 def check_fits(current: Signature, new: Signature) -> None:
@@ -171,16 +246,15 @@ class Watch:
     """A model file at a URI checked at most every ``refresh`` seconds (at the
     boundaries of micro-batches and actions, see :mod:`.version_server`): when its size
     or time changed, it is read, and shipped as a new version (``handle._adopt``) if its
-    payload digest is not the one last shipped."""
+    payload digest is not the one last shipped. Only what was shipped is recorded: a
+    read or a shipment that fails is tried again at the next check."""
 
     def __init__(self, handle: Any, stored: StoredModel | None, refresh: float) -> None:
         if stored is None:
             raise ArgumentError("refresh= watches a model file given as a URI "
                                 "(file://, s3://...); this model was not")
-        if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh < 0:
-            raise ArgumentTypeError(f"refresh must be a number of seconds >= 0, not {refresh!r}")
         self._handle = weakref.ref(handle)
-        self._uri, self._refresh, self._digest = stored.uri, float(refresh), stored.digest
+        self._uri, self._refresh, self._digest = stored.uri, refresh, stored.digest
         self._stamp = storage.stamp(stored.uri)
         self._checked = time.monotonic()
         self._lock = threading.Lock()
@@ -191,13 +265,14 @@ class Watch:
             if handle is None or time.monotonic() - self._checked < self._refresh:
                 return
             self._checked = time.monotonic()
-            stamp = storage.stamp(self._uri)
+            stamp = storage.stamp(self._uri)  # taken before the read: a change during it shows next time
             if stamp is None or stamp == self._stamp:
                 return
-            self._stamp = stamp
             payload = handle._read(self._uri, handle._custom_objects)
             if payload.stored is None or payload.stored.digest == self._digest:
-                return  # touched, not changed
-            self._digest = payload.stored.digest
+                payload.discard()
+                self._stamp = stamp  # touched, not changed
+                return
             label = handle._adopt(payload)
+            self._stamp, self._digest = stamp, payload.stored.digest
             logger.info("model file %s changed: version %s", self._uri, label)
