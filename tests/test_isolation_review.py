@@ -5,6 +5,7 @@ that is not UTF-8, and the bound on the search's work."""
 
 from __future__ import annotations
 
+import json
 import types
 
 import keras
@@ -102,6 +103,43 @@ def test_a_preprocess_editing_struct_cells_in_place_sees_the_rows_as_read():
     np.testing.assert_allclose(out.outputs[0], _expected(model, np.delete(x, 37) - 1), atol=1e-5)
 
 
+def shift_cells(batch: pd.DataFrame) -> np.ndarray:
+    """Each cell of the list column ``v`` shifted in place (``cell -= 1``; of a nested list,
+    its steps replaced in the cell), raising on a negative."""
+    cells = list(batch["v"])
+    for cell in cells:
+        if cell.dtype == object:
+            cell[:] = [step - 1.0 for step in cell]
+        else:
+            cell -= 1.0
+    x = np.stack([np.stack(list(c)).ravel() if c.dtype == object else c for c in cells])
+    if (x < 0).any():
+        raise ValueError("v below 1")
+    return x.astype("float32")
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["list<double>", "list<list<double>>"])
+def test_a_preprocess_editing_array_cells_in_place_sees_the_rows_as_read(nested):
+    """Row 37 holds a null element, so pandas gets every cell of ``v`` as a writeable copy
+    (else read-only views of Arrow's buffers); a nested list's cells are object arrays."""
+    model = models.mlp(n_features=3)
+    x = np.random.default_rng(0).uniform(1.5, 1.9, (64, 3))
+    rows = x.tolist()
+    rows[37] = [0.5, None, 1.7]  # the bad row: negative once shifted
+    kind = pa.list_(pa.float64())
+    if nested:
+        rows, kind = [[[v] for v in row] for row in rows], pa.list_(kind)
+    h = handle(model, shift_cells)
+    out = scored(h, "v", pa.array(rows, kind), on_invalid="null", reasons=True, batch_size=64)
+    assert np.flatnonzero(out.invalid).tolist() == [37]
+    assert out.reasons[37] == "preprocess: ValueError: v below 1", out.reasons[37]
+    want = model((np.delete(x, 37, axis=0) - 1).astype("float32"), training=False).numpy()
+    np.testing.assert_allclose(out.outputs[0], want, atol=1e-5)
+    with pytest.raises(PreprocessError, match=r"raised on row 37 of this batch \(column 'v'\): "
+                                              r"ValueError: v below 1"):
+        scored(h, "v", pa.array(rows, kind))
+
+
 def test_transform_with_an_in_place_preprocess_scores_the_rows_as_read(spark):
     model = models.mlp(n_features=3)
     x = _in_place_case()
@@ -158,6 +196,27 @@ def test_a_bucket_whose_every_row_raises_beside_a_per_step_output():
         scored(h, "sequence", column, buckets=2)
 
 
+@pytest.mark.parametrize("buckets", [1, None], ids=["buckets=1", "no buckets"])
+def test_a_chunk_whose_every_row_raises_beside_a_chunk_that_does_not(buckets):
+    """``batch_size`` 4 cuts one group of 8 rows in two chunks: the first one's rows all
+    raise, so only the second's call tells the per-step output's shape."""
+    import tensorflow as tf
+
+    model = asserting_tagger()
+    rng = np.random.default_rng(4)
+    rows = [rng.standard_normal((5, 3)).astype("float32") for _ in range(8)]
+    for r in rows[:4]:
+        r[1, 2] = 50.0  # rows 0-3 raise
+    column = pa.array([r.tolist() for r in rows], pa.list_(pa.list_(pa.float32())))
+    out = scored(handle(model), "sequence", column, on_invalid="null", reasons=True, batch_size=4,
+                 buckets=buckets)
+    assert np.flatnonzero(out.invalid).tolist() == [0, 1, 2, 3]
+    alone = tf.function(lambda x: model(x, training=False))
+    assert len(out.outputs[0]) == 4
+    for got, row in zip(out.outputs[0], rows[4:]):
+        np.testing.assert_allclose(got, alone(row[None]).numpy()[0], atol=1e-5)
+
+
 # --- 3. a preprocess that pads each call to its longest row ------------------------------------
 
 WORDS = {w: i for i, w in enumerate("the cat sat on mat a dog ran in park birds sing".split(), 1)}
@@ -182,6 +241,25 @@ def test_a_preprocess_padding_each_call_to_its_longest_row_is_stitched():
     expected = [model(np.array([[WORDS[w] for w in t.split()]], "int32"), training=False)
                 .numpy()[0] for t in good]
     np.testing.assert_allclose(out.outputs[0], np.array(expected), atol=1e-5)
+
+
+def parse_json(batch: pd.DataFrame) -> np.ndarray:
+    """Features parsed from JSON text (``[1, 2, 3]``: int64 rows, ``[0.5, 2, 3]``: float64)."""
+    return np.array([json.loads(t) for t in batch["j"]])
+
+
+def test_preprocess_parts_of_different_number_types_are_stitched():
+    """The search's parts that hold only integer rows come back int64, the one holding row
+    10's float float64: one column of float64, the failed row null."""
+    model = models.mlp(n_features=3)
+    texts = ["[1, 2, 3]"] * 16
+    texts[3], texts[10] = "[1, 2,", "[0.5, 2, 3]"
+    out = scored(handle(model, parse_json), "j", pa.array(texts), on_invalid="null", reasons=True)
+    assert np.flatnonzero(out.invalid).tolist() == [3]
+    assert out.reasons[3].startswith("preprocess: JSONDecodeError: "), out.reasons[3]
+    good = [json.loads(t) for i, t in enumerate(texts) if i != 3]
+    want = model(np.array(good, "float32"), training=False).numpy()
+    np.testing.assert_allclose(out.outputs[0], want, atol=1e-5)
 
 
 # --- 4. a string output that is not UTF-8 ------------------------------------------------------

@@ -153,20 +153,30 @@ class Predictor:
     def _batched(self, arrays: Sequence[np.ndarray], batch_size: int,
                  failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:
         n = len(arrays[0]) if arrays else 0
-        parts = []
+        parts: list[Isolated[list[np.ndarray]] | list[np.ndarray]] = []
         for i in range(0, max(n, 1), batch_size):
             chunk = arrays if n <= batch_size else [a[i:i + batch_size] for a in arrays]
             try:
                 parts.append(self._call(chunk))
             except Exception as exc:  # a row the model cannot take, perhaps: find it
                 parts.append(self._isolated(arrays, i, min(i + batch_size, n), exc, failures))
-        return parts[0] if len(parts) == 1 else [np.concatenate(c) for c in zip(*parts)]
+        # a call's outputs are the template of the rows that failed (their zeros): of a
+        # chunk whose every row failed, another chunk's (a per-step output's shape is only
+        # known from a call)
+        template = next((p for p in parts if not isinstance(p, Isolated)),
+                        next((p.parts[0][2] for p in parts
+                              if isinstance(p, Isolated) and p.parts), None))
+        done = [p if not isinstance(p, Isolated) else
+                _with_placeholders(p, i * batch_size, min((i + 1) * batch_size, n),
+                                   template or empty_outputs(self.signature))
+                for i, p in enumerate(parts)]
+        return done[0] if len(done) == 1 else [np.concatenate(c) for c in zip(*done)]
 
-    def _isolated(self, arrays: Sequence[np.ndarray], start: int, stop: int,
-                  exc: Exception, failures: dict[int, BaseException] | None) -> list[np.ndarray]:
-        """Rows ``start`` to ``stop``'s outputs, the call having raised ``exc`` on them:
-        the rows that raise alone recorded in ``failures`` (zeros in the outputs), or the
-        first of them raised as a :class:`RowFailure`."""
+    def _isolated(self, arrays: Sequence[np.ndarray], start: int, stop: int, exc: Exception,
+                  failures: dict[int, BaseException] | None) -> Isolated[list[np.ndarray]]:
+        """The search's parts of rows ``start`` to ``stop``, the call having raised ``exc``
+        on them: the rows that raise alone recorded in ``failures``, or the first of them
+        raised as a :class:`RowFailure`."""
         def call(ranges: Ranges) -> list[np.ndarray]:
             return self._call([_rows(x, ranges) for x in arrays])
 
@@ -177,7 +187,7 @@ class Predictor:
             raise RowFailure(*first) from first[1]
         found = isolate(call, start, stop, exc, split=_split)
         failures.update(found.failures)
-        return _with_placeholders(found, start, stop, self.signature)
+        return found
 
 
 def _rows(x: np.ndarray, ranges: Ranges) -> np.ndarray:
@@ -194,10 +204,10 @@ def _split(outputs: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarray]
 
 
 def _with_placeholders(found: Isolated[list[np.ndarray]], start: int, stop: int,
-                       signature: Any) -> list[np.ndarray]:
+                       template: list[np.ndarray]) -> list[np.ndarray]:
     """The outputs of rows ``start`` to ``stop`` from the parts that succeeded, zeros on
-    the rows that failed (the engine leaves those out)."""
-    template = found.parts[0][2] if found.parts else empty_outputs(signature)
+    the rows that failed (the engine leaves those out), of ``template``'s shapes past its
+    first axis and dtypes (another call's outputs, or :func:`empty_outputs`)."""
     outs = [np.zeros((stop - start, *t.shape[1:]), dtype=t.dtype) for t in template]
     for a, b, got in found.parts:
         for out, part in zip(outs, got):
