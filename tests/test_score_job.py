@@ -286,7 +286,9 @@ def test_executors_that_cannot_import_the_package_are_one_line_saying_so(files, 
     proc = run_score_job(*args, "--conf", f"spark.pyspark.python={bare / 'bin' / 'python'}")
     lines = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 2, lines[-20:]
-    assert lines[-1].startswith("score.py: error: the executors' Python cannot import"), lines[-5:]
+    # BroadcastModel checks the workers' Python before any task: one line, not the model's fault
+    assert lines[-1].startswith("score.py: error: Spark's Python workers run "), lines[-5:]
+    assert "which cannot import spark_keras" in lines[-1], lines[-1]
     # Spark's start-up lines and two progress bars come before the job's settings apply
     assert "spark.pyspark.python" in lines[-1] and len(lines) <= 20, lines
 

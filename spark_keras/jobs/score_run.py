@@ -1,5 +1,6 @@
 """Running the score job: check the options and paths, open the session, score the input
-into a staging folder, publish it, and report the figures the transform observed."""
+into a staging folder, publish it, and report the figures the transform observed; with
+``--resume``, in commits (:mod:`spark_keras.jobs.score_commits`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from spark_keras.errors import ArgumentError, StorageError
+from spark_keras import storage
+from spark_keras._deps import require
+from spark_keras.errors import ArgumentError, StorageError, WorkersPythonError
 from spark_keras.inference.buckets import checked
 from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
+from spark_keras.jobs import score_commits as commits
 from spark_keras.jobs.score_errors import JobError
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
-from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths
+from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
 
-__all__ = ["run"]
+__all__ = ["run", "score"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
@@ -36,8 +40,10 @@ def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
     """Refuse an existing output (unless ``--overwrite``) and a missing input."""
     with _path_errors():
         paths.check_output(args.output)
-        if paths.exists(args.output) and not args.overwrite:
-            raise JobError(f"output path {args.output!r} exists; pass --overwrite to replace it")
+        if paths.exists(args.output) and not (args.overwrite or args.resume):
+            resumable = commits.has_commit_log(paths, args.output)
+            raise JobError(f"output path {args.output!r} exists; pass --overwrite to replace it"
+                           + (" (or --resume to continue it)" if resumable else ""))
         if not paths.exists(args.input):
             raise JobError(f"input path {args.input!r} does not exist")
         if not paths.exists(args.model):  # before any stage reads the input
@@ -61,12 +67,12 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def _write_metrics(path: str, summary: dict) -> None:
+    """Write the summary whole (a reader polling it during a run sees one or the next)."""
     import json
 
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-    except OSError as exc:
+        storage.write_local(path, json.dumps(summary, indent=2).encode("utf-8"))
+    except StorageError as exc:
         raise JobError(f"cannot write --metrics-json {path!r}: {exc}") from exc
 
 
@@ -79,7 +85,8 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
         if args.master:
             raise JobError(f"--master {args.master!r} cannot be combined with Spark Connect "
                            f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
-        paths: Paths = ArrowPaths()
+        require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
+        paths: Paths = ArrowPaths()  # the client's own check first: no use checking paths
         _check_paths(paths, args)
         return connect_session(args.remote, user, args.verbose), paths
     spark = classic_session(args.master, user, args.verbose)
@@ -92,17 +99,53 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     return spark, paths
 
 
-def _read(spark: Any, paths: Paths, path: str, fmt: str | None) -> Any:
-    fmt = fmt or ("csv" if path.lower().rstrip("/").endswith(".csv") else "parquet")
+def _format(path: str, fmt: str | None) -> str:
+    """``--format``, else the input's by its extension: parquet unless ``.csv``."""
+    return fmt or ("csv" if path.lower().rstrip("/").endswith(".csv") else "parquet")
+
+
+def _reader(spark: Any, fmt: str, schema: Any = None) -> Any:
+    reader = spark.read.format(fmt) if schema is None else spark.read.format(fmt).schema(schema)
+    return reader.options(header=True, inferSchema=True) if fmt == "csv" else reader
+
+
+def _read(spark: Any, paths: Paths, path: str, fmt: str) -> Any:
     try:
-        if fmt == "csv":
-            df = spark.read.csv(paths.qualify(path), header=True, inferSchema=True)
-        else:
-            df = spark.read.parquet(paths.qualify(path))
+        df = _reader(spark, fmt).load(paths.qualify(path))
         df.schema  # noqa: B018  (Connect analyses lazily: fail here, not later)
         return df
     except Exception as exc:  # AnalysisException and friends
         raise JobError(f"cannot read {fmt} input {path!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def _group_reader(spark: Any, paths: Paths, args: argparse.Namespace, fmt: str,
+                  schema: Any) -> Any:
+    """The DataFrame of some of the input's files, as one read of the whole input gives
+    their rows: its schema (CSV inference, partition columns), its base folder."""
+    def read(files: list[str]) -> Any:
+        reader = _reader(spark, fmt, schema)
+        if files != [args.input]:  # a folder's files: its partition folders are columns
+            reader = reader.option("basePath", paths.qualify(args.input))
+        return reader.load([glob_escaped(paths.qualify(f)) for f in files])
+    return read
+
+
+def _plan(paths: Paths, args: argparse.Namespace, df: Any, fmt: str,
+          features: list[str]) -> commits.Plan:
+    """The groups of a ``--resume`` run, or why its output cannot be resumed (before
+    the model is loaded: the model file's digest is its bytes')."""
+    options = {"features": features, "output_col": args.output_col, "format": fmt,
+               "on_invalid": args.on_invalid, "error_col": args.error_col,
+               "id_col": args.id_col, "resize": args.resize, "buckets": args.buckets,
+               "version_col": args.version_col,
+               # the label only matters in --version-col; BroadcastModel's default is "1"
+               "model_version": None if args.version_col is None
+               else (args.model_version if args.model_version is not None else "1")}
+    with _path_errors():
+        return commits.plan(paths, args.input, args.output,
+                            model_sha256=commits.file_sha256(args.model), options=options,
+                            commit_bytes=args.commit_bytes, overwrite=args.overwrite,
+                            spark_files=len(df.inputFiles()))
 
 
 def _publish(scored: Any, paths: Paths, output: str) -> None:
@@ -121,68 +164,115 @@ def _publish(scored: Any, paths: Paths, output: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Score ``args.input`` into ``args.output``.
+    """Score ``args.input`` into ``args.output`` in a session of the job's own (see
+    :func:`score`), stopped at the end."""
+    os.environ.setdefault(LOG_LEVEL_ENV, "2")  # TensorFlow's INFO and WARNING lines: off
+    spark, paths = _open(args)
+    try:
+        return score(spark, paths, args)
+    finally:
+        spark.stop()
+
+
+def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
+    """Score ``args.input`` into ``args.output`` with ``spark`` (classic or Connect) and
+    its path operations (:class:`HadoopPaths`, :class:`ArrowPaths`), ``args`` as
+    :func:`spark_keras.jobs.score.parse_args` gives them (the job's Python entry point:
+    options and paths are checked here too); with ``args.resume``, in commits
+    (:func:`spark_keras.jobs.score_commits.run_groups`).
 
     Returns:
         The summary, also written to ``--metrics-json``: rows, invalid rows, seconds,
         rows/s, and the model builds the query's tasks made and their seconds (the
-        transform's ``observe`` figures, gathered by Spark from every executor).
+        transform's ``observe`` figures, gathered by Spark from every executor); with
+        ``--resume`` also rows and groups skipped (committed before), groups committed.
 
     Raises:
         JobError: a reason to stop, printed as one line (a bad path or option, a model
-            that cannot be loaded).
+            that cannot be loaded, an output that cannot be resumed).
     """
     import spark_keras as sk
     from spark_keras import flavour
     from spark_keras.quiet import quiet_tensorflow_startup
 
-    os.environ.setdefault(LOG_LEVEL_ENV, "2")  # TensorFlow's INFO and WARNING lines: off
-    spark, paths = _open(args)
+    _check_options(args)
+    _check_paths(paths, args)
+    fmt = _format(args.input, args.format)
+    df = _read(spark, paths, args.input, fmt)
+    features = [c.strip() for c in args.features.split(",") if c.strip()]
+    missing = [c for c in features if c not in df.columns]
+    if missing:
+        raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
+    if args.id_col is not None and args.id_col not in df.columns:
+        raise JobError(f"--id-col {args.id_col!r} is not a column of the input; it has "
+                       f"{df.columns}")
+    plan = _plan(paths, args, df, fmt, features) if args.resume else None
+    try:  # a local path, or a URI the executors read from storage themselves
+        with quiet_tensorflow_startup():  # start-up lines the log level hides
+            flavour.current()  # imports Keras and TensorFlow
+        handle = sk.BroadcastModel(spark, args.model, resize=args.resize,
+                                    version=args.model_version)
+    except WorkersPythonError as exc:  # not the model's fault: said as it is
+        raise JobError(str(exc)) from exc
+    except sk.SparkKerasError as exc:  # StorageError, PayloadError...
+        raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
+    try:  # the model takes padded rows, or this says why
+        checked(handle, args.buckets, FLAGS)
+    except ArgumentError as exc:
+        raise JobError(str(exc)) from None
+
     try:
-        df = _read(spark, paths, args.input, args.format)
-        features = [c.strip() for c in args.features.split(",") if c.strip()]
-        missing = [c for c in features if c not in df.columns]
-        if missing:
-            raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
-        if args.id_col is not None and args.id_col not in df.columns:
-            raise JobError(f"--id-col {args.id_col!r} is not a column of the input; it has "
-                           f"{df.columns}")
-        try:  # a local path, or a URI the executors read from storage themselves
-            with quiet_tensorflow_startup():  # start-up lines the log level hides
-                flavour.current()  # imports Keras and TensorFlow
-            handle = sk.BroadcastModel(spark, args.model, resize=args.resize,
-                                        version=args.model_version)
-        except sk.SparkKerasError as exc:  # StorageError, PayloadError...
-            raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
-        try:  # the model takes padded rows, or this says why
-            checked(handle, args.buckets, FLAGS)
-        except ArgumentError as exc:
-            raise JobError(str(exc)) from None
+        return _score_with(handle, spark, paths, args, df, fmt, features, plan)
+    finally:  # its payload and version server (the process may go on: the Python entry point)
+        try:
+            handle.destroy()
+        except Exception as exc:  # must not hide the job's own error
+            logger.debug("cannot destroy the job's BroadcastModel: %s", exc)
 
-        from pyspark.sql import Observation
 
-        observation = Observation("spark_keras_score")
-        scored = handle.transform(df, features, args.output_col, batch_size=args.batch_size,
-                                  on_invalid=args.on_invalid, error_col=args.error_col,
-                                  observe=observation, max_invalid=args.max_invalid,
-                                  id_col=args.id_col, version_col=args.version_col,
-                                  buckets=args.buckets)
-        started = time.perf_counter()
-        _publish(scored, paths, args.output)
-        seconds = time.perf_counter() - started
-        figures = observation.get
-        rows = int(figures["rows"])
-        summary = {"rows": rows, "invalid_rows": int(figures["invalid_rows"]),
-                   "seconds": round(seconds, 3),
-                   "rows_per_second": round(rows / seconds, 1) if seconds else None,
-                   "model_builds": int(figures["model_builds"]),
-                   "build_seconds": round(float(figures["build_seconds"]), 3)}
-        logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) "
-                    "in %.2fs", rows, summary["invalid_rows"], seconds,
-                    rows / max(seconds, 1e-9), summary["model_builds"],
-                    summary["build_seconds"])
+def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace, df: Any,
+                fmt: str, features: list[str], plan: commits.Plan | None) -> dict:
+    """:func:`score`'s scoring, once the model is loaded."""
+    from pyspark.sql import Observation
+
+    names = iter(range(1 << 62))
+
+    def transform(frame: Any) -> tuple[Any, Any]:
+        observation = Observation(f"spark_keras_score_{next(names)}")
+        return handle.transform(frame, features, args.output_col, batch_size=args.batch_size,
+                                on_invalid=args.on_invalid, error_col=args.error_col,
+                                observe=observation, max_invalid=args.max_invalid,
+                                id_col=args.id_col, version_col=args.version_col,
+                                buckets=args.buckets), observation
+
+    def committed(summary: dict) -> None:
         if args.metrics_json is not None:
             _write_metrics(args.metrics_json, summary)
-        return summary
-    finally:
-        spark.stop()
+
+    if plan is not None:
+        with _path_errors():
+            summary = commits.run_groups(plan, _group_reader(spark, paths, args, fmt, df.schema),
+                                         transform, paths.qualify, committed)
+    else:
+        summary = _score_at_once(transform(df), paths, args.output)
+    logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
+                "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
+                summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
+                summary["build_seconds"])
+    committed(summary)
+    return summary
+
+
+def _score_at_once(scored: tuple[Any, Any], paths: Paths, output: str) -> dict:
+    """Write the scored input as one output (:func:`_publish`); the job's figures."""
+    frame, observation = scored
+    started = time.perf_counter()
+    _publish(frame, paths, output)
+    seconds = time.perf_counter() - started
+    figures = observation.get
+    rows = int(figures["rows"])
+    return {"rows": rows, "invalid_rows": int(figures["invalid_rows"]),
+            "seconds": round(seconds, 3),
+            "rows_per_second": round(rows / seconds, 1) if seconds else None,
+            "model_builds": int(figures["model_builds"]),
+            "build_seconds": round(float(figures["build_seconds"]), 3)}

@@ -5,22 +5,28 @@
 * :func:`stage_file`: where a file of a pipeline stage saved at a path lives, as Spark puts
   the stage's metadata (Hadoop qualifies a plain path on classic Spark).
 * :class:`HadoopPaths` (classic Spark: Hadoop's FileSystem through the driver's JVM) and
-  :class:`ArrowPaths` (Spark Connect: ``pyarrow.fs`` on the client), behind :class:`Paths`.
+  :class:`ArrowPaths` (Spark Connect: ``pyarrow.fs`` on the client), behind :class:`Paths`;
+  :func:`listed_by_spark` (the names Spark's file sources read), :func:`glob_escaped`,
+  :func:`join` and :func:`write_whole` (a small file created whole) on top of them.
 
 Nothing here imports PySpark: the JVM is reached through the session given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Protocol
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
 
 from .. import storage
 from ..errors import StorageError
 
 __all__ = ["scheme", "stage_file", "hadoop_qualified", "file_uri_path", "Paths",
-           "HadoopPaths", "ArrowPaths"]
+           "HadoopPaths", "ArrowPaths", "Entry", "join", "listed_by_spark", "glob_escaped", "write_whole"]
 
 logger = logging.getLogger("spark_keras")
 
@@ -114,6 +120,52 @@ def stage_file(spark: Any, path: str, name: str) -> str:
 
 # --- the score job's file operations -------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Entry:
+    """A file or folder: its name (the last part of its path), kind, size in bytes (0 for
+    a folder) and modification time in whole milliseconds (as Hadoop gives it)."""
+
+    name: str
+    is_dir: bool
+    size: int
+    mtime_ms: int
+
+
+def join(folder: str, name: str) -> str:
+    """``folder/name`` for a plain path or a URI (``folder`` itself for an empty name)."""
+    return f"{folder.rstrip('/')}/{name}" if name else folder
+
+
+def listed_by_spark(name: str) -> bool:
+    """Whether Spark's file sources read a file or folder of this name (Spark's
+    ``InMemoryFileIndex.shouldFilterOut``): not names starting with ``.``, nor with ``_``
+    unless they hold ``=`` (a partition folder) or are Parquet's ``_metadata`` /
+    ``_common_metadata``, nor ``*._COPYING_`` (a file being copied)."""
+    hidden = (name.startswith("_") and "=" not in name) or name.startswith(".") \
+        or name.endswith("._COPYING_")
+    return not hidden or name.startswith(("_common_metadata", "_metadata"))
+
+
+def glob_escaped(path: str) -> str:
+    """``path`` as a glob pattern that matches it alone: Spark's readers expand a path
+    holding any of ``{}[]*?\\`` as a glob (Hadoop's, where ``\\`` escapes)."""
+    return re.sub(r"([{}\[\]*?\\])", r"\\\1", path)
+
+
+def write_whole(paths: "Paths", path: str, text: str) -> None:
+    """Create the file ``path`` (absent) holding ``text``, whole or not at all: a hidden
+    temporary file beside it, renamed to ``path`` once written."""
+    folder, _, name = path.rstrip("/").rpartition("/")
+    tmp = join(folder, f".{name}.tmp-{uuid.uuid4().hex[:12]}") if folder else \
+        f".{name}.tmp-{uuid.uuid4().hex[:12]}"
+    paths.create(tmp, text.encode("utf-8"))
+    try:
+        paths.move(tmp, path)
+    except BaseException:
+        paths.delete(tmp)
+        raise
+
+
 class Paths(Protocol):
     """The few file operations the score job needs, on the paths the user gave. Each
     raises :class:`~spark_keras.StorageError` naming the path it cannot use."""
@@ -131,6 +183,32 @@ class Paths(Protocol):
 
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` to the (absent) ``dst``."""
+
+    def status(self, path: str) -> Entry | None:
+        """The file or folder at ``path``; None if there is nothing."""
+
+    def children(self, path: str) -> list[Entry]:
+        """What the folder ``path`` holds (not recursively), sorted by name."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """The whole (small) file at ``path``."""
+
+    def create(self, path: str, data: bytes) -> None:
+        """Write the file ``path`` (creating its folders); an existing one is an error."""
+
+
+@contextlib.contextmanager
+def _failing(what: str, path: str) -> Iterator[None]:
+    """An error of the filesystem becomes a :class:`StorageError` naming ``path``."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:  # Py4JJavaError (Java's IOException), OSError, ArrowInvalid
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        cause = next((line for line in lines if "Exception:" in line or "Error:" in line),
+                     lines[0] if lines else type(exc).__name__)
+        raise StorageError(f"cannot {what} {path!r}: {cause}") from exc
 
 
 class HadoopPaths:
@@ -158,6 +236,43 @@ class HadoopPaths:
         _, src_path = hadoop_filesystem(self._spark, src)
         if not fs.rename(src_path, dst_path):
             raise StorageError(f"cannot move the output into {dst!r}")
+
+    @staticmethod
+    def _entry(status: Any) -> Entry:
+        directory = bool(status.isDirectory())
+        return Entry(str(status.getPath().getName()), directory,
+                     0 if directory else int(status.getLen()), int(status.getModificationTime()))
+
+    def status(self, path: str) -> Entry | None:
+        with _failing("read", path):
+            fs, hadoop_path = hadoop_filesystem(self._spark, path)
+            if not fs.exists(hadoop_path):
+                return None
+            return self._entry(fs.getFileStatus(hadoop_path))
+
+    def children(self, path: str) -> list[Entry]:
+        with _failing("list", path):
+            fs, hadoop_path = hadoop_filesystem(self._spark, path)
+            return sorted((self._entry(s) for s in fs.listStatus(hadoop_path)),
+                          key=lambda e: e.name)
+
+    def read_bytes(self, path: str) -> bytes:
+        with _failing("read", path):
+            fs, hadoop_path = hadoop_filesystem(self._spark, path)
+            stream = fs.open(hadoop_path)
+            try:
+                return bytes(stream.readAllBytes())  # InputStream's, Java 9+
+            finally:
+                stream.close()
+
+    def create(self, path: str, data: bytes) -> None:
+        with _failing("write", path):
+            fs, hadoop_path = hadoop_filesystem(self._spark, path)
+            out = fs.create(hadoop_path, False)  # folders too; never over a file
+            try:
+                out.write(bytearray(data))
+            finally:
+                out.close()
 
 
 class ArrowPaths:
@@ -209,3 +324,45 @@ class ArrowPaths:
             fs.move(src_path, dst_path)
         except (OSError, NotImplementedError) as exc:
             raise StorageError(f"cannot move the output into {dst!r}: {exc}") from exc
+
+    @staticmethod
+    def _entry(info: Any) -> Entry:
+        import pyarrow.fs as pafs
+
+        directory = info.type == pafs.FileType.Directory
+        mtime_ns = info.mtime_ns or 0
+        return Entry(info.base_name, directory, 0 if directory else int(info.size or 0),
+                     mtime_ns // 1_000_000)
+
+    def status(self, path: str) -> Entry | None:
+        import pyarrow.fs as pafs
+
+        with _failing("read", path):
+            fs, fs_path = self._fs(path)
+            info = fs.get_file_info(fs_path)
+            return None if info.type == pafs.FileType.NotFound else self._entry(info)
+
+    def children(self, path: str) -> list[Entry]:
+        import pyarrow.fs as pafs
+
+        with _failing("list", path):
+            fs, fs_path = self._fs(path)
+            found = fs.get_file_info(pafs.FileSelector(fs_path, recursive=False))
+            return sorted((self._entry(info) for info in found), key=lambda e: e.name)
+
+    def read_bytes(self, path: str) -> bytes:
+        with _failing("read", path):
+            fs, fs_path = self._fs(path)
+            with fs.open_input_stream(fs_path) as stream:
+                return bytes(stream.read())
+
+    def create(self, path: str, data: bytes) -> None:
+        import pyarrow.fs as pafs
+
+        with _failing("write", path):
+            fs, fs_path = self._fs(path)
+            if fs.get_file_info(fs_path).type != pafs.FileType.NotFound:
+                raise FileExistsError(f"{path!r} exists")
+            fs.create_dir(fs_path.rstrip("/").rpartition("/")[0] or "/", recursive=True)
+            with fs.open_output_stream(fs_path) as out:
+                out.write(data)

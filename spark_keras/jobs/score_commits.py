@@ -1,0 +1,483 @@
+"""The score job's resumable output (``--resume``): the input scored in groups of files,
+each published as one commit, and the commit log a rerun reads to score only the rest.
+
+Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5)::
+
+    output/g00000-part-00000-<uuid>-c000.snappy.parquet    the rows, beside each other
+    output/g00001-part-...                                 (gNNNNN-: the group's files)
+    output/_SUCCESS                                        once every group is committed
+    output/_staging-g00002-<hex>/                          a group being written by Spark
+    output/_spark_keras/manifest.json                      what the job is (below)
+    output/_spark_keras/commits/g00000.json                one record per committed group
+    output/_spark_keras/commits/g00002.moving.json         a group being published
+
+* Files, not a folder per group: ``spark.read.parquet(output)`` does not read the files
+  of plain subfolders (``output/g00001/part-*``): with no ``key=value`` folder the data
+  is unpartitioned and Spark takes the root's own files only (``UNABLE_TO_INFER_SCHEMA``
+  when there are none), so one atomic folder rename per group is not open to us.
+* Groups: the files Spark reads under ``--input`` (listed with the path layer under
+  Spark's own rule for hidden names, and their count checked against
+  ``DataFrame.inputFiles()``), sorted by path, cut into runs of at most ``--commit-bytes``
+  (default 1 GiB); a larger file is a group of its own. Each group is read with the schema
+  of the whole input (so CSV inference and partition columns are those of one whole read),
+  scored by the same transform and written by Spark into ``_staging-...`` (names starting
+  with ``_`` are invisible to Spark's and pyarrow's readers).
+* A commit: the record (the group's files, output file names, rows, invalid rows) is
+  written as ``gN.moving.json``; the files are renamed into the output one by one;
+  ``gN.json`` is written; the ``.moving`` record and the staging folder go. Every small
+  file is written whole (a hidden temporary file, renamed). A rerun rolls a ``.moving``
+  group forward (the rest of its files from staging) or, when a file is in neither place,
+  back (its output files removed, the group scored again); staging folders without a
+  record are removed. So a reader sees every committed group whole and no row twice; only
+  while a group's files are renamed (a few renames) or after a kill in those moments until
+  the next ``--resume``, part of one group.
+* The manifest holds the SHA-256 of the model file's bytes, the options that change what
+  a row becomes (features, output and error columns, id column, resize, buckets,
+  on-invalid, version column and label, input format: not the batch size, a matter of
+  speed, nor ``--max-invalid``, a limit), each input file's path, size and modification
+  time, the commit bound and the groups. A rerun with any of them changed stops (exit 2)
+  naming the first difference; ``--overwrite`` starts over.
+* The same groups, options and Spark settings make the same tasks and model batches: the
+  resumed output equals an uninterrupted run's, bit for bit. One job at a time per output.
+* Each group is a Spark job with as many tasks as its files split into (about one per
+  128 MiB): on a large cluster give ``--commit-bytes`` at least twice the cores x 128 MiB.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from spark_keras import storage
+from spark_keras.jobs.score_errors import JobError
+from spark_keras.spark.paths import Paths, join, listed_by_spark, write_whole
+
+__all__ = ["DEFAULT_COMMIT_BYTES", "LOG", "MANIFEST", "Plan", "plan", "plan_groups",
+           "difference", "file_sha256", "run_groups", "has_commit_log"]
+
+logger = logging.getLogger("spark_keras.jobs.score")
+
+LOG = "_spark_keras"  # the commit log's folder, inside the output
+MANIFEST = "manifest.json"
+COMMITS = "commits"
+STAGING = "_staging-"
+SUCCESS = "_SUCCESS"
+FORMAT = 1  # of the manifest and records
+DEFAULT_COMMIT_BYTES = 2**30
+_GROUP_FILE = re.compile(r"^g(\d+)-")
+_RECORD = re.compile(r"^g(\d+)\.json$")
+_MOVING = re.compile(r"^g(\d+)\.moving\.json$")
+_TEMPORARY = re.compile(r"^\..*\.tmp-[0-9a-f]{12}$")  # write_whole's, left by a kill
+# the options that change what a row becomes, as the manifest names them and as the flags
+OPTIONS = {"features": "--features", "output_col": "--output-col", "format": "--format",
+           "on_invalid": "--on-invalid", "error_col": "--error-col", "id_col": "--id-col",
+           "resize": "--resize", "buckets": "--buckets", "version_col": "--version-col",
+           "model_version": "--model-version"}
+
+
+def file_sha256(location: str) -> str:
+    """The SHA-256 of the bytes of the file at a local path or URI, streamed."""
+    digest = hashlib.sha256()
+
+    class Sink:
+        def write(self, chunk: bytes) -> None:
+            digest.update(chunk)
+
+    if storage.is_uri(location):
+        storage.copy(location, Sink())  # type: ignore[arg-type]
+    else:
+        try:
+            with open(location, "rb") as f:
+                while chunk := f.read(8 * 2**20):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise JobError(f"cannot read model {location!r}: {exc.strerror or exc}") from exc
+    return digest.hexdigest()
+
+
+def plan_groups(sizes: Sequence[int], bound: int) -> list[list[int]]:
+    """Indices of ``sizes`` cut into consecutive runs of at most ``bound`` bytes (a file
+    larger than ``bound`` alone)."""
+    groups: list[list[int]] = []
+    total = 0
+    for index, size in enumerate(sizes):
+        if not groups or total + size > bound:
+            groups.append([])
+            total = 0
+        groups[-1].append(index)
+        total += size
+    return groups
+
+
+def list_input(paths: Paths, root: str) -> list[tuple[str, int, int]]:
+    """``(path under root, size, mtime in ms)`` of every file Spark reads under ``root``
+    (``""`` for a root that is a file), sorted."""
+    top = paths.status(root)
+    if top is None:
+        raise JobError(f"input path {root!r} does not exist")
+    if not top.is_dir:
+        return [("", top.size, top.mtime_ms)]
+    found: list[tuple[str, int, int]] = []
+    folders = [("", root)]
+    while folders:
+        prefix, folder = folders.pop()
+        for entry in paths.children(folder):
+            if not listed_by_spark(entry.name):
+                continue
+            if entry.is_dir:
+                folders.append((f"{prefix}{entry.name}/", join(folder, entry.name)))
+            else:
+                found.append((f"{prefix}{entry.name}", entry.size, entry.mtime_ms))
+    return sorted(found)
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc) \
+        .strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def difference(old: dict, new: dict, input_path: str) -> str | None:
+    """What differs between the manifest of the committed groups (``old``) and this run's
+    (``new``), in a phrase naming the first difference; None if they agree."""
+    if old.get("format") != FORMAT:
+        return f"its commit log has format {old.get('format')!r}; this job writes {FORMAT}"
+    if old["model_sha256"] != new["model_sha256"]:
+        return (f"the model is another one (sha256 {new['model_sha256'][:12]}...; the "
+                f"committed groups were scored by {old['model_sha256'][:12]}...)")
+    for key, flag in OPTIONS.items():
+        before, now = old["options"].get(key), new["options"].get(key)
+        if before != now:
+            return f"{flag} differs ({now!r} now, {before!r} for the committed groups)"
+    if old["commit_bytes"] != new["commit_bytes"]:
+        return (f"--commit-bytes differs ({new['commit_bytes']} now, {old['commit_bytes']} "
+                f"for the committed groups)")
+    before_files = {p: (s, m) for p, s, m in old["files"]}
+    now_files = {p: (s, m) for p, s, m in new["files"]}
+    changed = []
+    for path in sorted(before_files.keys() | now_files.keys()):
+        name = join(input_path, path)
+        if path not in now_files:
+            changed.append(f"input file {name!r} is gone")
+        elif path not in before_files:
+            changed.append(f"input file {name!r} is new")
+        elif before_files[path] != now_files[path]:
+            (size0, time0), (size1, time1) = before_files[path], now_files[path]
+            changed.append(f"input file {name!r} changed (size {size0} -> {size1} bytes, "
+                           f"modified {_when(time0)} -> {_when(time1)})")
+    if changed:
+        more = f" (and {len(changed) - 1} more input file(s))" if len(changed) > 1 else ""
+        return changed[0] + more
+    return None
+
+
+def _manifest_of(paths: Paths, output: str) -> dict | None:
+    """The manifest of a resumable run in ``output``; None when there is nothing to
+    resume (no output, or a folder holding only a commit log folder without a manifest:
+    a run killed before it wrote one)."""
+    top = paths.status(output)
+    if top is None:
+        return None
+    manifest = join(join(output, LOG), MANIFEST)
+    if top.is_dir and paths.exists(manifest):
+        return _read_json(paths, manifest)
+    if top.is_dir and all(entry.name == LOG for entry in paths.children(output)):
+        return None
+    raise JobError(f"output path {output!r} exists and holds no commit log of a resumable "
+                   f"run (no {LOG}/{MANIFEST}); pass --overwrite to replace it")
+
+
+def has_commit_log(paths: Paths, output: str) -> bool:
+    """Whether ``output`` is a resumable run's output (finished or not)."""
+    return paths.exists(join(join(output, LOG), MANIFEST))
+
+
+def _read_json(paths: Paths, path: str) -> dict:
+    try:
+        found = json.loads(paths.read_bytes(path))
+        if not isinstance(found, dict):
+            raise ValueError("not a JSON object")
+        return found
+    except ValueError as exc:
+        raise JobError(f"commit log file {path!r} is damaged ({exc}); pass --overwrite to "
+                       f"start over") from exc
+
+
+@dataclass
+class Plan:
+    """A resumable run, checked against what its output holds (see :func:`plan`)."""
+
+    paths: Paths
+    input: str
+    output: str
+    manifest: dict
+    resume: bool  # the output holds a commit log of this very job
+
+    @property
+    def log(self) -> str:
+        return join(self.output, LOG)
+
+    def group_files(self, index: int) -> list[str]:
+        """The input files of group ``index``, as paths the path layer takes."""
+        return [join(self.input, self.manifest["files"][i][0])
+                for i in self.manifest["groups"][index]]
+
+    def group_bytes(self, index: int) -> int:
+        return sum(self.manifest["files"][i][1] for i in self.manifest["groups"][index])
+
+
+def plan(paths: Paths, input_path: str, output: str, *, model_sha256: str, options: dict,
+         commit_bytes: int | None, overwrite: bool, spark_files: int) -> Plan:
+    """The groups of this run, or a :class:`JobError` (exit 2) saying why the output
+    cannot be resumed: another model, other options or input files, or an output that is
+    not a resumable run's (unless ``overwrite``). Nothing is written.
+
+    Args:
+        options: the values of :data:`OPTIONS`' keys.
+        commit_bytes: the bound of a group; None: the committed groups' (else the default).
+        spark_files: how many files Spark reads under ``input_path``
+            (``len(df.inputFiles())``), checked against the path layer's listing.
+    """
+    files = list_input(paths, input_path)
+    if len(files) != spark_files:
+        raise JobError(f"Spark reads {spark_files} file(s) under {input_path!r} but the job "
+                       f"lists {len(files)}: it cannot cut this input into commits")
+    old = None if overwrite else _manifest_of(paths, output)
+    bound = commit_bytes or (old["commit_bytes"] if old else DEFAULT_COMMIT_BYTES)
+    manifest = {"format": FORMAT, "model_sha256": model_sha256,
+                "options": json.loads(json.dumps(options)),  # tuples as JSON keeps them
+                "commit_bytes": bound, "files": [list(f) for f in files],
+                "groups": plan_groups([size for _, size, _ in files], bound)}
+    if old is not None:
+        what = difference(old, manifest, input_path)
+        if what:
+            raise JobError(f"cannot resume {output!r}: {what}; pass --overwrite to start over")
+    return Plan(paths, input_path, output, manifest, resume=old is not None)
+
+
+# --- the commit log ----------------------------------------------------------------------------
+
+def _begin(plan: Plan) -> dict[int, dict]:
+    """Make the output ready: a fresh one (an old output removed: ``--overwrite``) gets
+    the manifest; a resumed one is recovered (:func:`_recover`). The records of the
+    groups committed so far, by index."""
+    paths = plan.paths
+    if not plan.resume:
+        if paths.exists(plan.output):
+            paths.delete(plan.output)
+        write_whole(paths, join(plan.log, MANIFEST),
+                    json.dumps({**plan.manifest, "created": _when(int(time.time() * 1000))}))
+        return {}
+    return _recover(plan)
+
+
+def _recover(plan: Plan) -> dict[int, dict]:
+    """Finish what a killed run left: ``.moving`` groups rolled forward (or back, see the
+    module docstring), staging folders and temporary files removed, the files of groups
+    without a record removed; refuse files nobody committed and committed files gone."""
+    paths, output = plan.paths, plan.output
+    commits = join(plan.log, COMMITS)
+    records: dict[int, dict] = {}
+    moving: dict[int, dict] = {}
+    for entry in paths.children(commits) if paths.exists(commits) else []:
+        path = join(commits, entry.name)
+        if (found := _RECORD.match(entry.name)) is not None:
+            records[int(found[1])] = _read_json(paths, path)
+        elif (found := _MOVING.match(entry.name)) is not None:
+            moving[int(found[1])] = _read_json(paths, path)
+        elif _TEMPORARY.match(entry.name):
+            paths.delete(path)
+    names = {entry.name for entry in paths.children(output)}
+    for index, record in sorted(moving.items()):
+        if index not in records and _roll_forward(plan, record, names):
+            write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
+            records[index] = record
+        paths.delete(join(commits, f"g{index:05d}.moving.json"))
+    known = {name for record in records.values() for name in record["files"]}
+    for entry in paths.children(output):
+        if entry.name.startswith(STAGING):
+            paths.delete(join(output, entry.name))
+        elif listed_by_spark(entry.name) and entry.name not in known:
+            found = _GROUP_FILE.match(entry.name)
+            if found is None or int(found[1]) in records:
+                raise JobError(f"output {output!r} holds {entry.name!r}, which its commit log "
+                               f"does not know; pass --overwrite to start over")
+            paths.delete(join(output, entry.name))  # a group that was never committed
+    missing = sorted(known - {entry.name for entry in paths.children(output)})
+    if missing:
+        raise JobError(f"output {output!r} lacks {missing[0]!r} of a committed group; pass "
+                       f"--overwrite to start over")
+    return records
+
+
+def _roll_forward(plan: Plan, record: dict, names: set[str]) -> bool:
+    """Move the rest of a ``.moving`` group's files from its staging folder; if one is in
+    neither place, remove those already moved (the group is scored again). Whether the
+    group is whole in the output."""
+    staging = join(plan.output, record["staging"])
+    prefix = f"g{record['group']:05d}-"
+    for name in record["files"]:
+        if name in names:
+            continue
+        part = join(staging, name[len(prefix):])
+        if not plan.paths.exists(part):
+            for moved in record["files"]:
+                plan.paths.delete(join(plan.output, moved))
+            return False
+        plan.paths.move(part, join(plan.output, name))
+    return True
+
+
+def _commit(plan: Plan, index: int, staging: str, record: dict) -> dict:
+    """Publish the group Spark wrote into ``staging`` (see the module docstring)."""
+    paths = plan.paths
+    prefix = f"g{index:05d}-"
+    parts = [entry.name for entry in paths.children(staging)
+             if not entry.is_dir and listed_by_spark(entry.name)]
+    record = {**record, "staging": staging.rstrip("/").rpartition("/")[2],
+              "files": [prefix + part for part in parts]}
+    commits = join(plan.log, COMMITS)
+    moving = join(commits, f"g{index:05d}.moving.json")
+    write_whole(paths, moving, json.dumps(record))
+    for part in parts:
+        paths.move(join(staging, part), join(plan.output, prefix + part))
+    write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
+    paths.delete(moving)
+    paths.delete(staging)
+    return record
+
+
+# --- running ---------------------------------------------------------------------------------
+
+def _count(n: float) -> str:
+    """1,234 / 12.3k / 1.2M / 3.4B."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e4, "k")):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:,.0f}"
+
+
+def _bytes(n: float) -> str:
+    """12 bytes / 3.4 KiB / 1.2 GiB."""
+    for size, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """This run's figures, summed over the groups it committed, and the line and summary
+    an operator reads after each commit."""
+
+    def __init__(self, plan: Plan, committed: dict[int, dict]) -> None:
+        self._plan = plan
+        self.total = len(plan.manifest["groups"])
+        self.skipped = len(committed)
+        self.rows_skipped = sum(int(r["rows"]) for r in committed.values())
+        self._left = sum(plan.group_bytes(i) for i in range(self.total) if i not in committed)
+        self._done_bytes = 0
+        self.groups = self.rows = self.invalid_rows = self.builds = 0
+        self.build_seconds = 0.0
+        self._started = time.perf_counter()
+
+    def started(self) -> str:
+        left = f"{self.total - self.skipped} group(s), {_bytes(self._left)} of input"
+        if self.skipped:
+            return (f"resuming {self._plan.output!r}: {self.skipped} of {self.total} groups "
+                    f"({_count(self.rows_skipped)} rows) committed before; scoring {left}")
+        return f"scoring {left} into {self._plan.output!r}"
+
+    def add(self, index: int, record: dict) -> None:
+        self.groups += 1
+        self.rows += int(record["rows"])
+        self.invalid_rows += int(record["invalid_rows"])
+        self.builds += int(record["model_builds"])
+        self.build_seconds += float(record["build_seconds"])
+        self._done_bytes += self._plan.group_bytes(index)
+
+    def eta(self) -> float | None:
+        seconds = time.perf_counter() - self._started
+        left = self._left - self._done_bytes
+        if not left:
+            return 0.0
+        return left * seconds / self._done_bytes if self._done_bytes else None
+
+    def line(self) -> str:
+        seconds = time.perf_counter() - self._started
+        eta = self.eta()
+        return (f"committed {self.skipped + self.groups} of {self.total} groups, "
+                f"{_count(self.rows_skipped + self.rows)} rows, "
+                f"{_count(self.rows / max(seconds, 1e-9))} rows/s, "
+                f"ETA {'unknown' if eta is None else _clock(eta)}")
+
+    def summary(self) -> dict:
+        """The job's figures (those of a run without ``--resume``, for this run's rows)
+        and the commit figures: ``rows_skipped``, ``groups`` (committed by this run),
+        ``groups_skipped``, ``groups_total``, ``eta_seconds`` and ``done``."""
+        seconds = time.perf_counter() - self._started
+        eta = self.eta()
+        return {"rows": self.rows, "invalid_rows": self.invalid_rows,
+                "seconds": round(seconds, 3),
+                "rows_per_second": round(self.rows / seconds, 1) if seconds else None,
+                "model_builds": self.builds, "build_seconds": round(self.build_seconds, 3),
+                "rows_skipped": self.rows_skipped, "groups": self.groups,
+                "groups_skipped": self.skipped, "groups_total": self.total,
+                "eta_seconds": None if eta is None else round(eta, 1),
+                "done": self.skipped + self.groups == self.total}
+
+
+def run_groups(plan: Plan, read: Callable[[list[str]], Any],
+               score: Callable[[Any], tuple[Any, Any]], qualify: Callable[[str], str],
+               on_commit: Callable[[dict], None]) -> dict:
+    """Score and commit every group not committed yet; the summary
+    (:meth:`Progress.summary`).
+
+    Args:
+        read: the DataFrame of some input files (paths the path layer takes).
+        score: ``(scored DataFrame, its Observation)`` of a DataFrame.
+        qualify: a path as Spark must be given it.
+        on_commit: called with the summary after each commit.
+    """
+    committed = _begin(plan)
+    progress = Progress(plan, committed)
+    logger.info(progress.started())
+    for index in range(progress.total):
+        if index in committed:
+            continue
+        staging = join(plan.output, f"{STAGING}g{index:05d}-{uuid.uuid4().hex[:12]}")
+        started = time.perf_counter()
+        try:
+            scored, observation = score(read(plan.group_files(index)))
+            scored.write.parquet(qualify(staging))
+        except BaseException:
+            try:
+                plan.paths.delete(staging)
+            except Exception as exc:  # must not hide why the group failed
+                logger.warning("cannot remove the staging folder %s: %s", staging, exc)
+            raise
+        figures = observation.get
+        record = {"format": FORMAT, "group": index,
+                  "input_files": [plan.manifest["files"][i][0]
+                                  for i in plan.manifest["groups"][index]],
+                  "rows": int(figures["rows"]), "invalid_rows": int(figures["invalid_rows"]),
+                  "model_builds": int(figures["model_builds"]),
+                  "build_seconds": round(float(figures["build_seconds"]), 3),
+                  "seconds": round(time.perf_counter() - started, 3),
+                  "committed": _when(int(time.time() * 1000))}
+        progress.add(index, _commit(plan, index, staging, record))
+        logger.info(progress.line())
+        on_commit(progress.summary())
+    if not plan.paths.exists(join(plan.output, SUCCESS)):
+        plan.paths.create(join(plan.output, SUCCESS), b"")
+    return progress.summary()

@@ -1,0 +1,367 @@
+"""The score job's ``--resume`` (issue 46): output written in commits, a rerun scoring only
+what is not committed, refusals naming what changed, and progress per commit. Fast cases
+run the job's Python entry point (``score_run.score``) in the shared session; the slow
+ones run the job as a process and kill its driver with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import spark_keras as sk
+from spark_keras.jobs import score_commits as commits
+from spark_keras.jobs.score import parse_args
+from spark_keras.jobs.score_errors import JobError, outcome
+from spark_keras.jobs.score_run import score
+from spark_keras.spark.paths import ArrowPaths, HadoopPaths, glob_escaped, join, write_whole
+
+from . import models
+from .conftest import REPO_ROOT, run_score_job
+
+ROWS = 300  # per input file
+
+
+def write_rows(path, first: int, seed: int) -> None:
+    x = np.random.default_rng(seed).standard_normal((ROWS, 6)).astype("float32")
+    pq.write_table(pa.table({"id": pa.array(np.arange(first, first + ROWS), pa.int64()),
+                             "features": pa.array(list(x), pa.list_(pa.float32()))}), path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two partition folders of input files (``k=0``, ``k=1``) with Spark's hidden
+    companions, a flat folder of six files, and two models."""
+    folder = tmp_path_factory.mktemp("score-resume")
+    for k in (0, 1):
+        (folder / "parted" / f"k={k}").mkdir(parents=True)
+        for j in range(2):
+            write_rows(folder / "parted" / f"k={k}" / f"part-{j}.parquet", (2 * k + j) * ROWS, 2 * k + j)
+    (folder / "parted" / "_SUCCESS").write_bytes(b"")
+    write_rows(folder / "parted" / "k=1" / ".part-8.parquet", 10**6, 8)  # hidden: not read
+    write_rows(folder / "parted" / "k=1" / "part-7.parquet._COPYING_", 10**6, 7)  # nor this
+    (folder / "parted" / "_temporary" / "0").mkdir(parents=True)
+    write_rows(folder / "parted" / "_temporary" / "0" / "part-9.parquet", 10**6, 9)  # not read
+    (folder / "flat").mkdir()
+    for i in range(6):
+        write_rows(folder / "flat" / f"part-{i}.parquet", i * ROWS, 10 + i)
+    sk.save(models.mlp(n_features=6, hidden=8, outputs=3), str(folder / "model.skp"))
+    sk.save(models.mlp(n_features=6, hidden=8, outputs=3), str(folder / "other.skp"))
+    return folder
+
+
+def job_args(data, out, *extra: str, source: str = "parted", model: str = "model.skp",
+             per_group: int = 1):
+    """The job's options for a resumable run, ``per_group`` input files in a commit."""
+    one_file = os.path.getsize(data / "parted" / "k=0" / "part-0.parquet")
+    return parse_args(["--model", str(data / model), "--input", str(data / source),
+                       "--output", str(out), "--features", "features", "--resume",
+                       "--commit-bytes", str(per_group * one_file + 10), *extra])
+
+
+def read_sorted(spark, out):
+    """The output as Spark's reader sees it, by id (the columns and the predictions)."""
+    frame = spark.read.parquet(str(out)).toPandas().sort_values("id").reset_index(drop=True)
+    return frame, np.stack(frame["prediction"].to_numpy()).astype("float32")
+
+
+# --- no Spark --------------------------------------------------------------------------------
+
+def test_groups_are_bounded_runs_of_files_in_name_order():
+    assert commits.plan_groups([10, 10, 10, 50, 5, 5], 20) == [[0, 1], [2], [3], [4, 5]]
+    assert commits.plan_groups([20, 0, 1], 20) == [[0, 1], [2]]  # the bound is inclusive
+    assert commits.plan_groups([], 20) == []
+
+
+def manifest(**changes):
+    base = {"format": 1, "model_sha256": "a" * 64, "commit_bytes": 100,
+            "options": {"features": ["f"], "output_col": "prediction", "format": "parquet"},
+            "files": [["k=0/a.parquet", 10, 1_700_000_000_000],
+                      ["k=1/b.parquet", 20, 1_700_000_000_000]]}
+    return {**base, **changes}
+
+
+def test_a_difference_is_named_first_by_model_then_options_then_files():
+    old = manifest()
+    assert commits.difference(old, manifest(), "in") is None
+    said = commits.difference(old, manifest(model_sha256="b" * 64), "in")
+    assert said.startswith("the model is another one (sha256 bbbbbbbbbbbb...; the committed "
+                           "groups were scored by aaaaaaaaaaaa...)"), said
+    said = commits.difference(old, manifest(options={**old["options"], "output_col": "score"}),
+                              "in")
+    assert said == "--output-col differs ('score' now, 'prediction' for the committed groups)"
+    said = commits.difference(old, manifest(options={**old["options"], "buckets": [4, 8]}), "in")
+    assert said == "--buckets differs ([4, 8] now, None for the committed groups)"
+    touched = [old["files"][0], ["k=1/b.parquet", 20, 1_700_000_005_000]]
+    assert commits.difference(old, manifest(files=touched), "in") == (
+        "input file 'in/k=1/b.parquet' changed (size 20 -> 20 bytes, modified "
+        "2023-11-14 22:13:20.000 UTC -> 2023-11-14 22:13:25.000 UTC)")
+    both = [["k=0/a.parquet", 11, 1]]
+    assert commits.difference(old, manifest(files=both), "in") == (
+        "input file 'in/k=0/a.parquet' changed (size 10 -> 11 bytes, modified "
+        "2023-11-14 22:13:20.000 UTC -> 1970-01-01 00:00:00.001 UTC) (and 1 more input file(s))")
+    said = commits.difference(old, manifest(files=old["files"] + [["c.parquet", 1, 1]]), "in")
+    assert said == "input file 'in/c.parquet' is new"
+    assert commits.difference(old, manifest(commit_bytes=5), "in").startswith(
+        "--commit-bytes differs (5 now, 100 for")
+
+
+# --- the path layer, on both sides ---------------------------------------------------------------
+
+def test_the_path_layers_list_what_spark_reads_and_write_whole_files(spark, data, tmp_path):
+    """Classic (Hadoop through the JVM) and Connect (pyarrow) list the same files, the
+    ones Spark reads under its rule for hidden names (no _SUCCESS, dot files, _temporary,
+    ._COPYING_), and
+    create, read and move small files alike."""
+    hadoop, arrow = HadoopPaths(spark), ArrowPaths()
+    root = str(data / "parted")
+    listed = commits.list_input(hadoop, root)
+    assert listed == commits.list_input(arrow, root)
+    assert [p for p, _, _ in listed] == [f"k={k}/part-{j}.parquet" for k in (0, 1) for j in range(2)]
+    assert listed[0][1] == os.path.getsize(data / "parted" / "k=0" / "part-0.parquet")
+    assert listed[0][2] == os.stat(data / "parted" / "k=0" / "part-0.parquet").st_mtime_ns // 10**6
+    read = spark.read.parquet(root).inputFiles()
+    assert sorted(f.rsplit("/", 1)[1] for f in read) == sorted(p.rsplit("/", 1)[1] for p, _, _ in listed)
+    single = str(data / "flat" / "part-1.parquet")
+    assert commits.list_input(hadoop, single) == commits.list_input(arrow, single)
+    assert commits.list_input(hadoop, single)[0][0] == ""
+    for name, paths in (("hadoop", hadoop), ("arrow", arrow)):
+        target = join(str(tmp_path / name / "a" / "b"), "record.json")
+        write_whole(paths, target, '{"x": 1}')
+        assert json.loads(paths.read_bytes(target)) == {"x": 1}
+        assert [e.name for e in paths.children(str(tmp_path / name / "a" / "b"))] == ["record.json"]
+        with pytest.raises(sk.StorageError, match="record.json"):
+            paths.create(target, b"again")
+        entry = paths.status(target)
+        assert entry is not None and not entry.is_dir and entry.size == 8
+        assert paths.status(str(tmp_path / name / "nothing")) is None
+        paths.move(target, target + ".moved")
+        assert not paths.exists(target) and paths.exists(target + ".moved")
+    # a file name Spark would expand as a glob, read as itself
+    odd = tmp_path / "odd[1]"
+    odd.mkdir()
+    write_rows(odd / "p{a}.parquet", 0, 0)
+    assert spark.read.parquet(glob_escaped(str(odd / "p{a}.parquet"))).count() == ROWS
+
+
+# --- the job's Python entry point, in the shared session ----------------------------------------
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_output(spark, data, tmp_path):
+    """A run's output in the states a kill can leave (a group half renamed into place, one
+    whose file is lost mid-rename, one Spark was still writing, a record's temporary
+    file): the rerun finishes the first, scores the other two again and nothing else, and
+    the output equals the uninterrupted run's, bit for bit, each row once."""
+    out = tmp_path / "out"
+    metrics = tmp_path / "metrics.json"
+    args = job_args(data, out, "--metrics-json", str(metrics))
+    first = score(spark, HadoopPaths(spark), args)
+    assert (first["rows"], first["rows_skipped"], first["groups"], first["groups_skipped"]) == \
+        (4 * ROWS, 0, 4, 0)
+    assert json.loads(metrics.read_text()) == first and first["done"] is True
+    reference, predictions = read_sorted(spark, out)
+    assert reference["id"].tolist() == list(range(4 * ROWS))  # each row once
+    assert list(reference.columns) == ["id", "features", "k", "prediction"]  # k: a partition
+    assert reference["k"].tolist() == [i // (2 * ROWS) for i in range(4 * ROWS)]
+    assert (out / "_SUCCESS").exists()
+
+    log = out / "_spark_keras" / "commits"
+    records = {i: json.loads((log / f"g{i:05d}.json").read_text()) for i in range(4)}
+    assert all(r["rows"] == ROWS and len(r["files"]) >= 1 for r in records.values())
+    # group 1: renamed into place but one file, then killed (rolled forward)
+    (log / "g00001.json").rename(log / "g00001.moving.json")
+    staging = out / records[1]["staging"]
+    staging.mkdir()
+    kept = records[1]["files"][0]
+    (out / kept).rename(staging / kept[len("g00001-"):])
+    # group 2: a file lost in between (rolled back, scored again)
+    (log / "g00002.json").rename(log / "g00002.moving.json")
+    (out / records[2]["files"][0]).unlink()
+    # group 3: never committed, killed while Spark wrote it
+    (log / "g00003.json").unlink()
+    for name in records[3]["files"]:
+        (out / name).unlink()
+    (out / "_staging-g00003-0123456789ab").mkdir()
+    (out / "_staging-g00003-0123456789ab" / "part-00000-x.parquet").write_bytes(b"half")
+    (log / ".g00003.json.tmp-0123456789ab").write_text("{")
+    (out / "_SUCCESS").unlink()
+
+    second = score(spark, HadoopPaths(spark), args)
+    assert (second["rows"], second["rows_skipped"], second["groups"], second["groups_skipped"]) \
+        == (2 * ROWS, 2 * ROWS, 2, 2), second
+    assert json.loads(metrics.read_text()) == second
+    resumed, again = read_sorted(spark, out)
+    assert resumed["id"].tolist() == list(range(4 * ROWS))
+    assert again.view(np.uint32).tolist() == predictions.view(np.uint32).tolist()  # bit for bit
+    assert sorted(p.name for p in log.iterdir() if not p.name.endswith(".crc")) == \
+        [f"g{i:05d}.json" for i in range(4)]  # (.crc: Hadoop's checksums of local files)
+    assert not [p for p in out.iterdir() if p.name.startswith("_staging")]
+    assert (out / "_SUCCESS").exists()
+    # nothing left to do: every group skipped
+    third = score(spark, HadoopPaths(spark), args)
+    assert (third["rows"], third["rows_skipped"], third["groups"]) == (0, 4 * ROWS, 0)
+
+
+@pytest.fixture(scope="module")
+def committed(spark, data, tmp_path_factory):
+    """A finished resumable output of the flat input (three files per group)."""
+    out = tmp_path_factory.mktemp("committed") / "out"
+    score(spark, HadoopPaths(spark), job_args(data, out, source="flat", per_group=3))
+    return out
+
+
+def refusal(spark, args) -> str:
+    with pytest.raises(JobError) as caught:
+        score(spark, HadoopPaths(spark), args)
+    line, status = outcome(caught.value)
+    assert status == 2 and "\n" not in line, line
+    return line
+
+
+def test_a_rerun_with_another_model_options_or_input_is_refused(spark, data, committed, tmp_path):
+    """Refused before the model is loaded, exit 2, one line naming the difference; the
+    output untouched. ``--overwrite`` starts over."""
+    before = sorted(p.name for p in committed.iterdir())
+    line = refusal(spark, job_args(data, committed, source="flat", model="other.skp", per_group=3))
+    assert re.fullmatch(r"cannot resume '.*/out': the model is another one \(sha256 \w{12}\.\.\.; "
+                        r"the committed groups were scored by \w{12}\.\.\.\); pass --overwrite "
+                        r"to start over", line), line
+    line = refusal(spark, job_args(data, committed, "--output-col", "score", source="flat",
+                                   per_group=3))
+    assert "--output-col differs ('score' now, 'prediction' for the committed groups)" in line
+    line = refusal(spark, job_args(data, committed, "--on-invalid", "null", source="flat",
+                                   per_group=3))
+    assert "--on-invalid differs ('null' now, 'error' for the committed groups)" in line
+    flat = tmp_path / "flat"
+    shutil.copytree(data / "flat", flat, copy_function=shutil.copy2)  # sizes and times kept
+    os.utime(flat / "part-3.parquet", ns=(time.time_ns(), time.time_ns() + 5 * 10**9))
+    line = refusal(spark, job_args(data, committed, source=str(flat), per_group=3))
+    assert f"input file '{flat}/part-3.parquet' changed (size " in line, line
+    assert sorted(p.name for p in committed.iterdir()) == before
+    # an output that is not a resumable run's
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_rows(plain / "part-0.parquet", 0, 0)
+    line = refusal(spark, job_args(data, plain))
+    assert "holds no commit log of a resumable run (no _spark_keras/manifest.json); pass " \
+           "--overwrite" in line, line
+    # without --resume: the hint to continue it
+    plain_args = job_args(data, committed, source="flat", per_group=3)
+    plain_args.resume, plain_args.commit_bytes = False, None
+    line = refusal(spark, plain_args)
+    assert line.endswith("exists; pass --overwrite to replace it (or --resume to continue it)")
+
+
+def test_overwrite_starts_a_resumable_output_over(spark, data, committed, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(committed, out)
+    summary = score(spark, HadoopPaths(spark),
+                    job_args(data, out, "--overwrite", source="flat", model="other.skp",
+                             per_group=6))
+    assert (summary["groups"], summary["groups_skipped"], summary["rows"]) == \
+        (summary["groups_total"], 0, 6 * ROWS)
+    frame, _ = read_sorted(spark, out)
+    assert frame["id"].tolist() == list(range(6 * ROWS))
+
+
+# --- the job as a process, killed -----------------------------------------------------------------
+
+def alive_in_group(group: int) -> list[int]:
+    """The processes of process group ``group`` that are not zombies."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(pid))
+    return found
+
+
+def start_job(*args: str, log) -> subprocess.Popen:
+    """``python jobs/score.py ARGS`` as run_score_job runs it, in a session of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_KERAS_BUILD_LOG")}
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "jobs", "score.py"), *args],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.slow  # three whole jobs and a refused one: several minutes on 2 busy cores
+@pytest.mark.timeout(1500)
+def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, data, tmp_path):
+    """SIGKILL of the driver once a group is committed; ``--resume`` scores the rest only
+    and the output equals an uninterrupted run's, bit for bit, each row once. Meanwhile a
+    reader sees the committed groups whole. Progress: a line per commit with --progress."""
+    source = tmp_path / "in"
+    shutil.copytree(data / "flat", source)
+    one_file = os.path.getsize(source / "part-0.parquet")
+    common = ["--master", "local[2]", "--model", str(data / "model.skp"), "--input",
+              str(source), "--features", "features", "--resume",
+              "--commit-bytes", str(one_file + 10)]
+    reference = run_score_job(*common, "--output", str(tmp_path / "reference"), "--progress")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert reference.stdout.strip().endswith("rows_skipped=0 groups=6 groups_skipped=0"), \
+        reference.stdout
+    lines = [line.split(" INFO ", 1)[1] for line in reference.stderr.splitlines()]
+    assert lines[0] == f"scoring 6 group(s), {6 * one_file / 1024:.1f} KiB of input into " \
+                       f"'{tmp_path / 'reference'}'", lines
+    assert [re.sub(r", [\d.,k]+ rows/s, ETA \d\d:\d\d:\d\d$", "", line) for line in lines[1:7]] \
+        == [f"committed {i} of 6 groups, {i * ROWS:,} rows" for i in range(1, 7)], lines
+    assert lines[6].endswith("ETA 00:00:00") and lines[7].startswith("scored 1800 rows"), lines
+
+    out = tmp_path / "out"
+    log = out / "_spark_keras" / "commits"
+    with open(tmp_path / "killed.log", "wb") as output:
+        job = start_job(*common, "--output", str(out), log=output)
+        try:
+            deadline = time.monotonic() + 240
+            while not [p for p in log.glob("g*.json") if ".moving" not in p.name]:
+                assert job.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "killed.log").read_text()[-3000:]
+                time.sleep(0.05)
+            os.kill(job.pid, signal.SIGKILL)  # the driver: its JVM and workers follow it
+            job.wait()
+            deadline = time.monotonic() + 60
+            while alive_in_group(job.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            for pid in alive_in_group(job.pid):  # only if they outlived the minute
+                os.kill(pid, signal.SIGKILL)
+    records = [json.loads(p.read_text()) for p in log.glob("g*.json") if ".moving" not in p.name]
+    assert 1 <= len(records) < 6, records  # killed mid-job
+    seen = spark.read.parquet(str(out)).select("id").toPandas()["id"]
+    assert seen.is_unique and len(seen) >= sum(r["rows"] for r in records)
+    if not list(log.glob("*.moving.json")):  # not killed amid a group's renames
+        assert len(seen) == sum(r["rows"] for r in records)
+
+    metrics = tmp_path / "metrics.json"
+    resumed = run_score_job(*common, "--output", str(out), "--metrics-json", str(metrics))
+    assert resumed.returncode == 0 and resumed.stderr == "", resumed.stderr[-3000:]
+    figures = json.loads(metrics.read_text())
+    assert figures["rows_skipped"] == ROWS * figures["groups_skipped"] >= ROWS * len(records)
+    assert figures["rows"] == ROWS * figures["groups"] == 6 * ROWS - figures["rows_skipped"]
+    assert figures["done"] is True and figures["groups_total"] == 6
+    (expected, bits), (found, again) = read_sorted(spark, tmp_path / "reference"), \
+        read_sorted(spark, out)
+    assert found["id"].tolist() == expected["id"].tolist() == list(range(6 * ROWS))
+    assert again.view(np.uint32).tolist() == bits.view(np.uint32).tolist()
+
+    stat = os.stat(source / "part-4.parquet")  # touched: refused, exit 2, one line
+    os.utime(source / "part-4.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    refused = run_score_job(*common, "--output", str(out))
+    lines = (refused.stdout + refused.stderr).splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, lines
+    assert re.match(rf"score\.py: error: cannot resume '{re.escape(str(out))}': input file "
+                    rf"'.*/part-4\.parquet' changed \(size \d+ -> \d+ bytes, modified ", lines[0])
