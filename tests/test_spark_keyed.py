@@ -63,6 +63,10 @@ def test_each_row_is_scored_by_its_keys_model_and_unknown_keys_are_null(spark, t
         assert unknown.error.tolist() == ["key: no model for key 'nope'", "key: the key is null"]
         with pytest.raises(Exception, match="no model for key 'nope'"):
             km.transform(_frame(spark, rows), "features", key="key").collect()
+        # a null key under on_invalid="error" says so and names its row (not "key None")
+        with pytest.raises(Exception, match=r"the key is null \(row id=10001\)"):
+            km.transform(_frame(spark, rows[-1:]), "features", key="key",
+                         id_col="id").collect()
     finally:
         km.destroy()
 
@@ -103,8 +107,11 @@ def test_update_of_one_key_changes_that_key_alone(spark, twelve):
 
 
 def test_models_that_differ_or_keys_of_another_type_are_refused_on_the_driver(spark, twelve):
-    with pytest.raises(sk.ArgumentError, match="model of key 'b' does not fit the model of key 'a'"):
+    with pytest.raises(sk.ArgumentError, match="model of key 'b' does not fit the model of key 'a'") as refused:
         sk.KeyedModels(spark, {"a": twelve["k0"], "b": models.mlp(n_features=5, hidden=8)})
+    # about the keys' models, not a BroadcastModel's update
+    assert "key 'a''s [((4,)" in str(refused.value), refused.value
+    assert "new version" not in str(refused.value) and "update" not in str(refused.value)
     with pytest.raises(sk.ArgumentTypeError, match="all strings or all integers"):
         sk.KeyedModels(spark, {"a": twelve["k0"], 2: twelve["k1"]})
     km = sk.KeyedModels(spark, {1: twelve["k0"], 2: twelve["k1"]})

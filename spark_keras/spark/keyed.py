@@ -79,12 +79,15 @@ class KeyedModels:
         self._preprocess = first.preprocess
 
     def _check_fits(self, key: Hashable, handle: BroadcastModel) -> None:
+        """One KeyedModels scores one column layout: every model takes the first's inputs
+        and gives its outputs."""
         first_key, first = next(iter(self._handles.items()))
-        try:
-            versions.check_fits(first.signature, handle.signature)
-        except ArgumentError as exc:
+        problems = versions.fit_problems(first.signature, handle.signature,
+                                         theirs=f"key {first_key!r}'s")
+        if problems:
             raise ArgumentError(f"the model of key {key!r} does not fit the model of key "
-                                f"{first_key!r}: {exc}") from None
+                                f"{first_key!r} (every key's model must take the same inputs "
+                                f"and give the same outputs): {'; '.join(problems)}")
 
     # --- what scoring needs of a handle ------------------------------------------------
 
@@ -349,6 +352,9 @@ def _unknown(models: KeyedModels, keys: pa.Array, on_invalid: str, reasons: bool
     refused, or null with their reason (in ``Scored.reasons`` for the task's budget, and
     in a column if ``reasons``)."""
     values = keys.to_pylist()
+    if on_invalid == "error" and values[0] is None:
+        raise ModelInputError(f"the key is null ({names.at(0)}): a row needs a key to be "
+                              f"scored (on_invalid='null' makes such rows null)")
     if on_invalid == "error":
         raise ModelInputError(f"no model for key {values[0]!r} ({names.at(0)}): KeyedModels "
                               f"has keys {_some(models.keys())}")

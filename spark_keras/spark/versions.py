@@ -221,21 +221,27 @@ def check_refresh(refresh: Any, model_or_path: Any) -> float | None:
     return float(refresh)
 
 
-def check_fits(current: Signature, new: Signature) -> None:
-    """Refuse a version whose inputs or outputs differ from the current one's: plans
-    made with the handle fixed their columns' types."""
+def fit_problems(current: Signature, new: Signature,
+                 theirs: str = "the current version's") -> list[str]:
+    """How ``new``'s inputs and outputs differ from ``current``'s (none: it fits)."""
     def described(specs: Any) -> list[tuple]:
         return [(tuple(s.shape), str(s.dtype)) for s in specs]
 
     problems = []
     if described(current.inputs) != described(new.inputs) or \
             current.input_structure != new.input_structure:
-        problems.append(f"inputs {described(new.inputs)}, the current version's "
-                        f"{described(current.inputs)}")
+        problems.append(f"inputs {described(new.inputs)}, {theirs} {described(current.inputs)}")
     if described(current.outputs) != described(new.outputs) or \
             current.output_names != new.output_names:
-        problems.append(f"outputs {described(new.outputs)}, the current version's "
+        problems.append(f"outputs {described(new.outputs)}, {theirs} "
                         f"{described(current.outputs)}")
+    return problems
+
+
+def check_fits(current: Signature, new: Signature) -> None:
+    """Refuse a version whose inputs or outputs differ from the current one's: plans
+    made with the handle fixed their columns' types."""
+    problems = fit_problems(current, new)
     if problems:
         raise ArgumentError(f"the new version does not fit the plans made with this "
                             f"BroadcastModel: {'; '.join(problems)}; ship it in a new "
