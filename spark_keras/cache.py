@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import heap
+from .quiet import quiet_native_noise
 
 logger = logging.getLogger("spark_keras")
 
@@ -72,6 +73,7 @@ class ModelCache:
                 entry = self._hit(key)  # another thread built it while we waited
                 if entry is not None:
                     return entry
+            quiet_native_noise()  # once per process, before its first model runs
             started = time.perf_counter()
             value, nbytes, *extra = build()
             seconds = time.perf_counter() - started

@@ -23,14 +23,29 @@ ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called 
 # severity letter (I, W, E; F lines are never dropped)
 ABSL_LINE = r"^([IWE])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] "
 
+# Lines the C libraries under TensorFlow's ops print straight to stderr, whatever
+# TF_CPP_MIN_LOG_LEVEL says: libjpeg's, for a damaged JPEG that tf.io.decode_jpeg or
+# decode_image meets (the op's own error says what went wrong, and becomes the row's
+# reason). Row isolation calls the model again on parts of the batch, and each failing call
+# prints them again: 12-16 lines per damaged image. Dropped at level 2 and above.
+NATIVE_NOISE = (r"^(Improper call to JPEG library in state \d+|Corrupt JPEG data: .*"
+                r"|Premature end of JPEG file|Invalid JPEG file structure: .*"
+                r"|Not a JPEG file: .*|Unsupported marker type 0x[0-9a-f]+)\r?$")
+
 # The filter runs in its own small process: were the importing process to abort (a
-# native fatal error), the filter still reads what it wrote and passes it on.
+# native fatal error), the filter still reads what it wrote and passes it on. It ignores
+# SIGINT and SIGHUP (its parent's group's signals) and ends when every writer has closed.
 _FILTER = r"""
-import os, re, sys
+import os, re, signal, sys
+for sig in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
 level, banner, line = int(sys.argv[1]), sys.argv[2].encode(), re.compile(sys.argv[3].encode())
+noise = re.compile(sys.argv[4].encode()) if level >= 2 else None
 rank = {b"I": 0, b"W": 1, b"E": 2}
 def keep(text):
     if text.rstrip(b"\r") == banner:
+        return False
+    if noise is not None and noise.match(text):
         return False
     m = line.match(text)
     return m is None or rank[m.group(1)] >= level
@@ -109,9 +124,7 @@ def _filtered_stderr(level: int) -> Iterator[None]:
     saved = None
     try:
         saved = os.dup(2)
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _FILTER, str(level), ABSL_BANNER, ABSL_LINE],
-            stdin=read_fd, stdout=subprocess.DEVNULL, stderr=saved, close_fds=True)
+        proc = _start_filter(level, read_fd, saved)
     except (OSError, ValueError):
         for fd in (read_fd, write_fd, saved):
             if fd is not None:
@@ -132,3 +145,56 @@ def _filtered_stderr(level: int) -> Iterator[None]:
             # (a process started meanwhile may hold the pipe open: the filter then
             # passes its output on until it exits)
             proc.wait(timeout=10)
+
+
+def _start_filter(level: int, read_fd: int, stderr_fd: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _FILTER, str(level), ABSL_BANNER, ABSL_LINE,
+         NATIVE_NOISE],
+        stdin=read_fd, stdout=subprocess.DEVNULL, stderr=stderr_fd, close_fds=True)
+
+
+_native_filter_pid: int | None = None  # the process whose stderr goes through the filter
+
+
+def quiet_native_noise() -> None:
+    """For the rest of this process: with ``TF_CPP_MIN_LOG_LEVEL`` at 2 or more, drop the
+    lines of :data:`NATIVE_NOISE` (libjpeg's, on a damaged image) from file descriptor 2,
+    and TensorFlow's absl lines below the level; everything else passes unchanged and in
+    order. Called where a process builds its first model (:mod:`spark_keras.cache`); once
+    per process, and not again in a child forked after it (its stderr is the same pipe).
+    Only in a worker process (Spark's, a pool's, Dask's): a driver's or a notebook's
+    stderr is left as it is, and so is stderr when the filter cannot start."""
+    global _native_filter_pid
+    level = min_log_level()
+    if level < 2 or _native_filter_pid is not None or not _a_worker_process():
+        return
+    with _FILTERING:
+        if _native_filter_pid is not None:
+            return
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        try:
+            read_fd, write_fd = os.pipe()
+        except OSError:
+            return
+        try:
+            _start_filter(level, read_fd, 2)
+        except (OSError, ValueError):
+            os.close(write_fd)
+            return
+        finally:
+            os.close(read_fd)
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        _native_filter_pid = os.getpid()
+
+
+def _a_worker_process() -> bool:
+    """A process Spark (its worker factory's environment), multiprocessing or Dask (a
+    multiprocessing child) started to run tasks."""
+    import multiprocessing
+
+    return any(name in os.environ for name in ("PYTHON_WORKER_FACTORY_SECRET",
+                                               "PYTHON_WORKER_FACTORY_PORT")) \
+        or multiprocessing.parent_process() is not None

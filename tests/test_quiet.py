@@ -245,3 +245,56 @@ def test_a_worker_building_many_models_is_not_warned_of_retracing(caplog):
             assert np.asarray(out[0]).shape == (4, units)
             assert predictor.traces in (None, 1)  # once per model: nothing hidden
     assert not [r for r in caplog.records if "retracing" in r.getMessage()], caplog.text
+
+
+DAMAGED_JPEGS = """
+import io
+import sys
+
+import keras
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+from PIL import Image
+
+from spark_keras.multiprocessing import pool_predict
+
+
+@keras.saving.register_keras_serializable("test_quiet")
+class DecodeJpeg(keras.layers.Layer):
+    def call(self, x):
+        return tf.map_fn(lambda b: tf.cast(tf.image.resize(tf.io.decode_jpeg(b, channels=3),
+                                                           (8, 8)), "float32"),
+                         tf.reshape(x, (-1,)), fn_output_signature=tf.float32)
+
+
+def jpeg(i):
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (30 * i, 9, 9)).save(out, "JPEG")
+    return out.getvalue()
+
+
+if __name__ == "__main__":
+    inp = keras.Input((), dtype="string")
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Flatten()(DecodeJpeg()(inp))))
+    rows = [jpeg(i) for i in range(6)]
+    rows[2] = rows[2][:40]  # cut short: libjpeg prints "Improper call to JPEG library"
+    rows[4] = b"\\xff\\xd8 not a jpeg" * 4
+    out = pool_predict(model, pd.DataFrame({"image": rows}), processes=1, on_invalid="null",
+                       custom_objects={"DecodeJpeg": DecodeJpeg})
+    print("NULL ROWS", np.flatnonzero(np.isnan(out[:, 0])).tolist())
+    print("a line of the driver's own", file=sys.stderr)
+"""
+
+
+@pytest.mark.slow  # a spawned pool worker importing TensorFlow: 40-50 s
+def test_damaged_jpegs_leave_no_native_lines_in_a_workers_stderr(tmp_path):
+    """A model decoding JPEGs in its graph, two damaged rows isolated in a real spawned
+    worker: at TF_CPP_MIN_LOG_LEVEL=2 none of libjpeg's lines (printed straight to stderr,
+    once per failing call of the search), and the driver's own stderr untouched (issue 45,
+    item 7)."""
+    proc = run(tmp_path, DAMAGED_JPEGS, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "NULL ROWS [2, 4]" in proc.stdout, proc.stdout
+    assert "JPEG" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "a line of the driver's own", proc.stderr
