@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from keras import layers
 
+import spark_keras as sk
 from spark_keras.errors import ArgumentError, ModelCallError
 from spark_keras.handle import ModelHandle
 from spark_keras.inference.buckets import bucket_lengths, checked, fewest_steps, padding_share
@@ -159,6 +160,7 @@ def test_a_transformer_style_model_gives_each_row_its_own_prediction():
         np.testing.assert_allclose(predictor([rows], 1024, None, buckets=buckets)[0], want, atol=1e-5)
         assert len(calls.shapes) <= most
     assert predictor.padding == (0,) and predictor.traces == 1
+    assert Predictor(sk.loads(sk.dumps(model))).padding == (0,)  # as a worker loads it
 
 
 def test_per_step_outputs_come_back_cut_to_each_rows_length():
@@ -173,6 +175,55 @@ def test_per_step_outputs_come_back_cut_to_each_rows_length():
         assert steps[k].shape == (lengths[k], 2)
         np.testing.assert_allclose(steps[k], want["steps"], atol=1e-5)
         np.testing.assert_allclose(whole[k], want["whole"], atol=1e-5)
+
+
+def two_sequences_model() -> keras.Model:
+    """Two masked sequences of their own lengths (``first``, ``second``): a value per step
+    of each, one per step of ``first`` attending over ``second`` (computed from both, its
+    mask ``first``'s), and one for the whole."""
+    keras.utils.set_random_seed(9)
+    first, second = keras.Input((None, 3), name="first"), keras.Input((None, 3), name="second")
+    a = layers.GRU(4, return_sequences=True)(layers.Masking(0.0)(first))
+    b = layers.GRU(4, return_sequences=True)(layers.Masking(0.0)(second))
+    cross = layers.MultiHeadAttention(2, 4)(a, b)
+    whole = layers.Concatenate()([layers.GlobalAveragePooling1D()(a), layers.GlobalAveragePooling1D()(b)])
+    return keras.Model([first, second], {"first_steps": layers.Dense(1)(a), "second_steps": layers.Dense(2)(b),
+                                         "cross": layers.Dense(1)(cross), "whole": layers.Dense(1)(whole)},
+                       name="two_sequences")
+
+
+def test_per_step_outputs_of_two_sequences_are_cut_to_the_input_they_follow():
+    model = two_sequences_model()
+    predictor, calls = counted(model)
+    rng = np.random.default_rng(9)
+    first, second = rng.integers(1, 8, 16), rng.integers(1, 14, 16)
+    assert (first < second).any() and (first > second).any()
+    rows_a, rows_b = rows_of(first, 1), rows_of(second, 2)
+    got = dict(zip(predictor.signature.output_names, predictor([rows_a, rows_b], 1024, None, buckets=2)))
+    assert len(calls.shapes) == 2
+    for k, want in enumerate(alone(model, rows_a, rows_b)):
+        assert got["first_steps"][k].shape == (first[k], 1) and got["cross"][k].shape == (first[k], 1)
+        assert got["second_steps"][k].shape == (second[k], 2)
+        for name in want:
+            np.testing.assert_allclose(got[name][k], want[name], atol=1e-5)
+    assert predictor.padding == (0.0, 0.0)
+    assert predictor.padding.follows == (0, 1, 0, None)  # first_steps, second_steps, cross, whole
+    # as a worker has it, loaded from its config (each mask an argument computed in the graph)
+    assert Predictor(sk.loads(sk.dumps(model))).padding.follows == (0, 1, 0, None)
+
+
+def _steps_of_both() -> keras.Model:
+    first, second = keras.Input((None, 3), name="first"), keras.Input((None, 3), name="second")
+    joined = layers.Concatenate()([layers.Masking(0.0)(first), layers.Masking(0.0)(second)])
+    return keras.Model([first, second], {"joined": layers.Dense(1)(joined)})
+
+
+def test_a_per_step_output_of_two_sequences_that_follows_neither_is_refused():
+    handle = ModelHandle("both", 0, model=_steps_of_both())
+    with pytest.raises(ArgumentError, match=r"^buckets=2: output 'joined' has a value per step, computed from "
+                                            r"inputs 'first' and 'second', and which of them its steps follow "
+                                            r"cannot be told"):
+        checked(handle, 2)
 
 
 def test_a_keras_hub_backbone_pads_token_ids_and_its_padding_mask():
@@ -204,20 +255,85 @@ def _conv_after_masking() -> keras.Model:
     return keras.Model(inp, layers.Dense(1)(layers.GlobalAveragePooling1D()(x)))
 
 
+def max_pooled(seed: int = 1) -> keras.Model:
+    """Masking -> Dense(tanh) -> GlobalMaxPooling1D (which does not support masking: Keras
+    warns the mask is lost) -> Dense."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((None, 3), name="sequence")
+    x = layers.Dense(4, activation="tanh")(layers.Masking(0.0)(inp))
+    return keras.Model(inp, layers.Dense(1)(layers.GlobalMaxPooling1D()(x)), name="max_pooled")
+
+
+def _ops_after_masking() -> keras.Model:
+    inp = keras.Input((None, 3), name="sequence")
+    x = layers.Dense(4)(layers.Masking(0.0)(inp))
+    return keras.Model(inp, layers.Dense(1)(keras.ops.max(x, axis=1)))
+
+
+def _unmasked_skip() -> keras.Model:
+    inp = keras.Input((None, 3), name="sequence")
+    masked = layers.GRU(4)(layers.Masking(0.0)(inp))
+    raw = layers.GlobalAveragePooling1D()(inp)  # no mask on this path: it averages padded steps
+    return keras.Model(inp, layers.Dense(1)(layers.Concatenate()([masked, raw])))
+
+
 @pytest.mark.parametrize("build, why", [
     (lambda: models.sequence_model(masking=False),
      r"^buckets=4: input 'sequence' feeds GRU, and no Masking layer or Embedding\(mask_zero=True\) "
      r"after it marks padded steps: they would change the predictions"),
-    (_conv_after_masking, r"^buckets=4: padding a row of 5 steps to 9 changes output 'prediction' by up "
-                          r"to [0-9.e-]+: a layer between the mask and this output drops the mask"),
+    (_conv_after_masking, r"^buckets=4: input 'sequence' is masked, but Conv1D 'conv1d\w*' after it does not "
+                          r"support masking: given the mask, it drops it"),
+    (max_pooled, r"^buckets=4: input 'sequence' is masked, but GlobalMaxPooling1D 'global_max_pooling1d\w*' "
+                 r"after it does not support masking: given the mask, it drops it \(Keras 3 warns so\), and the "
+                 r"padded steps reach the outputs after it"),
+    (_ops_after_masking, r"^buckets=4: input 'sequence' is masked, but Max 'max\w*' after it does not support "
+                         r"masking"),
+    (_unmasked_skip, r"^buckets=4: input 'sequence' reaches output 'prediction' by a path with no Masking layer "
+                     r"or Embedding\(mask_zero=True\) on it"),
     (lambda: models.mlp(3, 4, 1), r"^buckets=4: the model has no variable-length input \('input_layer\w*' "
                                   r"float32 of shape \(3,\)\): there is nothing to pad"),
-], ids=["unmasked GRU", "mask dropped", "no variable input"])
+], ids=["unmasked GRU", "Conv1D drops the mask", "GlobalMaxPooling1D drops the mask", "an op drops the mask",
+        "an unmasked path", "no variable input"])
 def test_a_model_that_would_not_ignore_the_padding_is_refused(build, why):
-    handle = ModelHandle("refused", 0, model=build())
+    model = build()
+    handle = ModelHandle("refused", 0, model=model)
     with pytest.raises(ArgumentError, match=why):
         checked(handle, 4)
+    with pytest.raises(ArgumentError, match=why[len("^buckets=4: "):]):  # as a worker loads it
+        Predictor(sk.loads(sk.dumps(model))).padding  # noqa: B018
     assert checked(handle, None) is None  # no buckets: nothing to check
+
+
+def test_the_max_pooled_model_is_refused_and_padding_would_change_its_predictions():
+    """The review's model: refused, and rightly (what one bucket would give is not each
+    row's own prediction)."""
+    model = max_pooled()
+    with pytest.raises(ArgumentError, match=r"GlobalMaxPooling1D .* does not support masking"):
+        checked(ModelHandle("pooled", 0, model=model), 1)
+    rows = rows_of(np.random.default_rng(10).integers(2, 8, 40), 10)
+    padded = np.zeros((len(rows), 8, 3), "float32")
+    for k, row in enumerate(rows):
+        padded[k, :len(row)] = row
+    wrong = np.asarray(model(padded, training=False))
+    assert np.abs(wrong - np.array(alone(model, rows))).max() > 0.01  # what buckets would have given
+
+
+def _mask_dropped_inside(seed: int) -> keras.Model:
+    """The max-pooled model with its pooling inside a nested model given the mask from
+    outside: the graph's check trusts the nested model, the probe must not."""
+    keras.utils.set_random_seed(seed)
+    inner = keras.Sequential([keras.Input((None, 3)), layers.Dense(4, activation="tanh"),
+                              layers.GlobalMaxPooling1D()])
+    inp = keras.Input((None, 3), name="sequence")
+    return keras.Model(inp, layers.Dense(1)(inner(layers.Masking(0.0)(inp))))
+
+
+def test_the_probe_refuses_a_mask_dropped_inside_a_nested_model_for_any_weights():
+    for seed in range(12):  # one random probe row let most of these through
+        handle = ModelHandle("nested", 0, model=_mask_dropped_inside(seed))
+        with pytest.raises(ArgumentError, match=r"^buckets=4: padding rows of 5 steps to (6|9) changes output "
+                                                r"'prediction' by up to [0-9.e+-]+ \(its values up to"):
+            checked(handle, 4)
 
 
 # --- row isolation ----------------------------------------------------------------------------

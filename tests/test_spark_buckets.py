@@ -20,7 +20,7 @@ from spark_keras.ml import KerasTransformer
 from . import models
 from .conftest import run_score_job
 from .conftest import submit_score_job as submit
-from .test_buckets import alone, rows_of
+from .test_buckets import alone, max_pooled, rows_of, two_sequences_model
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -108,9 +108,14 @@ def test_a_model_that_would_not_ignore_the_padding_is_refused_on_the_driver(spar
     df = sequence_frame(spark, rows)
     bm = sk.BroadcastModel(spark, models.sequence_model(masking=False))
     mlp = sk.BroadcastModel(spark, models.mlp(3, 4, 1))
+    pooled = sk.BroadcastModel(spark, max_pooled())  # the mask dropped by GlobalMaxPooling1D
     try:
         with pytest.raises(ArgumentError, match=UNMASKED):
             bm.transform(df, "sequence", buckets=4)  # no action: refused before any task
+        with pytest.raises(ArgumentError, match=r"^buckets=4: input 'sequence' is masked, but "
+                                                r"GlobalMaxPooling1D 'global_max_pooling1d\w*' after it "
+                                                r"does not support masking"):
+            pooled.transform(df, "sequence", buckets=4)
         with pytest.raises(ArgumentError, match=UNMASKED):
             bm.predict_udf(buckets=4)
         with pytest.raises(ArgumentError, match=r"buckets must be None, a count"):
@@ -124,6 +129,24 @@ def test_a_model_that_would_not_ignore_the_padding_is_refused_on_the_driver(spar
     finally:
         bm.destroy()
         mlp.destroy()
+        pooled.destroy()
+
+
+def test_two_sequences_of_their_own_lengths_come_back_cut_to_each(spark):
+    model = two_sequences_model()
+    rng = np.random.default_rng(14)
+    first, second = rng.integers(2, 8, 16), rng.integers(2, 14, 16)
+    rows_a, rows_b = rows_of(first, 14), rows_of(second, 15)
+    df = spark.createDataFrame([(i, a.tolist(), b.tolist()) for i, (a, b) in enumerate(zip(rows_a, rows_b))],
+                               "id long, first array<array<float>>, second array<array<float>>").repartition(2)
+    bm = sk.BroadcastModel(spark, model)
+    try:
+        got = by_id(bm.transform(df, ["first", "second"], buckets=2).collect())
+    finally:
+        bm.destroy()
+    for k, want in enumerate(alone(model, rows_a, rows_b)):
+        for name in ("first_steps", "second_steps", "cross"):  # (rows of their own input's length)
+            np.testing.assert_allclose(np.array(got[k][name], "float32"), want[name], atol=1e-5)
 
 
 def test_a_row_the_model_raises_on_costs_only_itself(spark):

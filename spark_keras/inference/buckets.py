@@ -4,15 +4,18 @@ padded into a few lengths (:func:`padded_groups`: one call per bucket), for a mo
 masks its padded steps (:mod:`.masking` tells which inputs it masks and their pad values).
 
 Only the sequence axis (the first of a row, axis 1 of the batch) is padded, at the end of
-each row. A row's length is the longest of its padded inputs' (token ids and their padding
-mask share one axis, so they pad to one length). ``buckets=N``: the batch's lengths go into
-at most N buckets, whose lengths pad the fewest steps (:func:`bucket_lengths`: an exact
-dynamic programme over the batch's distinct lengths, over 256 quantiles of them when there
-are more). ``buckets=(16, 32, 64)``: each row goes to the smallest of those lengths that
-holds it, and the rows longer than the last into one more bucket, padded to the longest of
-them. An input's other unknown dimensions are never padded: rows that differ there are
-in different groups. An output with a value per step (a variable first axis as long as
-the padded input) comes back cut to each row's own length (:func:`trimmed`).
+each row. A row's length, which picks its bucket, is the longest of its padded inputs'
+(token ids and their padding mask share one axis; two sequences, an encoder's and a
+decoder's, may differ, and each is padded to the bucket's length). ``buckets=N``: the
+batch's lengths go into at most N buckets, whose lengths pad the fewest steps
+(:func:`bucket_lengths`: an exact dynamic programme over the batch's distinct lengths,
+over 256 quantiles of them when there are more). ``buckets=(16, 32, 64)``: each row goes
+to the smallest of those lengths that holds it, and the rows longer than the last into one
+more bucket, padded to the longest of them. An input's other unknown dimensions are never
+padded: rows that differ there are in different groups. An output with a value per step (a
+variable first axis as long as the padded input) comes back cut to the row's own length on
+the input its steps follow (:attr:`Padding.follows`, :meth:`Group.length`,
+:func:`trimmed`).
 """
 
 from __future__ import annotations
@@ -29,16 +32,43 @@ from .specs import TensorSpec
 CANDIDATES = 256  # the most distinct lengths the dynamic programme weighs (else quantiles)
 
 
+class Padding(tuple[Any, ...]):
+    """Each input's pad value for ``buckets`` (None: an input that is not padded), as a
+    tuple, and :attr:`follows`: for each output, the input whose steps its first axis
+    follows (None: an output without a value per step), found by :mod:`.masking`."""
+
+    follows: tuple[int | None, ...]
+
+    def __new__(cls, pads: Sequence[Any], follows: Sequence[int | None]) -> Padding:
+        self = super().__new__(cls, pads)
+        self.follows = tuple(follows)
+        return self
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # (two arguments: pickled, it is rebuilt whole)
+        return tuple(self), self.follows
+
+
 @dataclass(frozen=True)
 class Group:
     """Rows of one model call: which rows of the batch, their inputs (each ``(rows,
-    *shape)`` of the input's dtype) and, when padded, each row's own length and the
-    length they are padded to."""
+    *shape)`` of the input's dtype) and, when padded, each row's own length (the longest
+    of its padded inputs'), the length they are padded to, each row's own length on each
+    input (``own``, ``(inputs, rows)``, 0 on an input not padded) and the input each
+    output's steps follow (:attr:`Padding.follows`)."""
 
     rows: np.ndarray
     inputs: list[np.ndarray]
     lengths: np.ndarray | None = None
     steps: int = 0
+    own: np.ndarray | None = None
+    follows: tuple[int | None, ...] = ()
+
+    def length(self, output: int, k: int) -> int:
+        """The length row ``k``'s output ``output`` is cut to (:func:`trimmed`): the row's
+        own on the input that output's steps follow; the padded length (nothing cut) for
+        an output that follows none."""
+        follows = self.follows[output] if output < len(self.follows) else None
+        return self.steps if follows is None or self.own is None else int(self.own[follows, k])
 
 
 def checked(handle: Any, buckets: Any, spelling: Spelling = PYTHON) -> Buckets:
@@ -71,14 +101,16 @@ def exact_groups(arrays: Sequence[np.ndarray], specs: Sequence[TensorSpec]) -> I
 
 
 def padded_groups(arrays: Sequence[np.ndarray], specs: Sequence[TensorSpec],
-                  pads: Sequence[Any], buckets: int | tuple[int, ...]) -> Iterator[Group]:
+                  pads: Padding, buckets: int | tuple[int, ...]) -> Iterator[Group]:
     """Rows padded into buckets (see the module's text); ``pads``: each input's pad value,
-    None for an input that is not padded (its first axis is known)."""
+    None for an input that is not padded (its first axis is known), and which input each
+    output's steps follow."""
     n = len(arrays[0]) if arrays else 0
-    padded = [j for j, pad in enumerate(pads) if pad is not None]
-    lengths = np.zeros(n, dtype=np.int64)
-    for j in padded:
-        lengths = np.maximum(lengths, np.fromiter((len(r) for r in arrays[j]), np.int64, n))
+    own = np.zeros((len(pads), n), dtype=np.int64)
+    for j, pad in enumerate(pads):
+        if pad is not None:
+            own[j] = np.fromiter((len(r) for r in arrays[j]), np.int64, n)
+    lengths = own.max(axis=0, initial=0)
     target = bucket_lengths(lengths, buckets)
     # inputs whose rows may still differ in shape once padded: grouped by that shape too
     exact = [j for j, s in enumerate(specs)
@@ -97,7 +129,7 @@ def padded_groups(arrays: Sequence[np.ndarray], specs: Sequence[TensorSpec],
         inputs = [_padded(a[index], s, length, pad) if pad is not None
                   else _stacked(a[index], s) if s.variable else a[index]
                   for a, s, pad in zip(arrays, specs, pads)]
-        yield Group(index, inputs, lengths[index], length)
+        yield Group(index, inputs, lengths[index], length, own[:, index], pads.follows)
 
 
 def bucket_lengths(lengths: np.ndarray, buckets: int | tuple[int, ...]) -> np.ndarray:

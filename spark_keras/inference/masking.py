@@ -1,39 +1,55 @@
-"""Which of a model's variable-length inputs it masks, and the value to pad each with
-(:func:`padding_of`): what ``buckets`` (:mod:`.buckets`) needs to call the model on rows of
-several lengths padded to one, each row's prediction staying the model's on that row alone.
+"""Whether ``buckets`` (:mod:`.buckets`) may pad a model's rows, and how (:func:`padding_of`):
+the value to pad each variable-length input with and the input each output with a value
+per step follows (a :class:`~.buckets.Padding`), each row's prediction staying the model's
+on that row alone. A model is taken when all three checks below pass; every refusal is an
+:class:`~spark_keras.errors.ArgumentError` saying why.
 
-An input with an unknown first dimension (a sequence) is masked when what it feeds makes
-a mask of its padded steps: a ``Masking`` layer (padded with its ``mask_value``), an
-``Embedding(mask_zero=True)`` (padded with 0), or, in a keras-hub model, the input
-``padding_mask`` beside it (``token_ids``, ``segment_ids`` and the mask itself padded with
-0, i.e. False). A mask made is not a mask kept up to the outputs (a ``Conv1D`` or a
-``Flatten`` drops it), so the model is also called on one random row alone and on the same
-row padded (:func:`_probe`), and the padding refused unless the outputs agree within
-:data:`TOLERANCE`. Every refusal is an :class:`~spark_keras.errors.ArgumentError` saying why.
+1. **A mask is made.** Each input with an unknown first dimension (a sequence) feeds a
+   layer that masks its padded steps: a ``Masking`` layer (padded with its ``mask_value``),
+   an ``Embedding(mask_zero=True)`` (padded with 0), in a nested model of one input too;
+   or, in a keras-hub model, it is the input ``padding_mask`` or sits beside it
+   (``token_ids``, ``segment_ids`` and the mask itself padded with 0, i.e. False).
+2. **The mask is kept** (:func:`_walk`, on the model's graph of layers). Keras hands each
+   layer the mask of the tensors it is given. A layer that supports masking passes it on
+   (``Dense``, ``LayerNormalization``, ``Add``) or uses it (an RNN, attention,
+   ``GlobalAveragePooling1D``: ``supports_masking``, or a ``mask`` argument of its
+   ``call``); any other layer given a mask drops it (``GlobalMaxPooling1D``, ``Conv1D``,
+   ``Flatten``, a ``keras.ops`` call; Keras 3 warns that such a layer "does not support
+   masking") and is refused by name, as is a path from the input to an output on which no
+   mask is made. An output with a value per step follows the input it is computed from, or,
+   computed from two, the one its mask comes from (:func:`_follows`); else it is refused.
+   A keras-hub model, whose mask is an input, and the inside of a nested model given a
+   mask from outside are left to the probe.
+3. **The probe agrees** (:func:`_probe`): rows a model blind to its mask cannot get right
+   (random steps, the same negated, one step repeated, and negated: a padded step moves a
+   maximum, a mean or a state over them) give the same outputs alone and padded by 1 and
+   by :data:`PROBE_PADDING` steps, within :data:`TOLERANCE` of the outputs' own scale.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from .. import flavour
 from ..errors import ArgumentError
-from .buckets import trimmed
+from .buckets import Padding, trimmed
 from .isolation import reason_text
 from .signature import graph_of, input_tensors
 from .specs import Signature, TensorSpec
 
-TOLERANCE = 1e-5  # of the probe: padded against alone, relative to the outputs' scale
-PROBE_STEPS, PROBE_PADDING = 5, 4  # the probe row's length, and the steps padded to it
+TOLERANCE = 1e-5  # of the probe: padded against alone, relative to the output's largest value
+PROBE_STEPS, PROBE_PADDING = 5, 4  # the probe rows' length, and the most steps padded to them
 ADVICE = "add a Masking layer or Embedding(mask_zero=True) in front, or leave buckets unset"
+HUB_AXES = ("token_ids", "segment_ids", "padding_mask")  # keras-hub inputs sharing one axis
 
 
 @dataclass(frozen=True)
 class Padded:
-    """How one input is padded, and how to fill a probe row of it: ``"values"`` (random
+    """How one input is padded, and how to fill probe rows of it: ``"values"`` (random
     numbers), ``"ids"`` (random ids in ``[1, ids)``), ``"mask"`` (ones) or ``"zeros"``."""
 
     pad: Any
@@ -42,19 +58,31 @@ class Padded:
 
 
 def padding_of(model: Any, signature: Signature,
-               call: Callable[[Sequence[np.ndarray]], list[np.ndarray]]) -> tuple[Any, ...]:
+               call: Callable[[Sequence[np.ndarray]], list[np.ndarray]]) -> Padding:
     """Each input's pad value (None: an input that is not padded, its first dimension
-    being known), once ``call`` (the model's compiled call, inputs in signature order) is
-    found to give the same outputs on a probe row alone and padded."""
+    being known) and the input each output's steps follow, once the model passes the
+    module's checks (``call``: the model's compiled call, inputs in signature order)."""
     specs = signature.inputs
     sequences = [j for j, s in enumerate(specs) if s.shape and s.shape[0] is None]
     if not sequences:
         shown = ", ".join(f"{s.name!r} {s.describe()}" for s in specs)
         raise ArgumentError(f"the model has no variable-length input ({shown}): there is "
                             f"nothing to pad; leave buckets unset")
-    found = _hub_padding(model, specs, sequences) or _masked(model, specs, sequences)
-    _probe(call, signature, found)
-    return tuple(found[j].pad if j in found else None for j in range(len(specs)))
+    graph = _Graph.of(model)
+    if graph is not None and graph.names != [s.name for s in specs]:
+        graph = None  # (a task model: its signature is its preprocessor's)
+    hub = _hub_padding(model, specs, sequences)
+    if hub is not None:
+        found = hub
+    elif graph is not None:
+        found = _masked(graph, signature, sequences)
+    else:
+        raise ArgumentError(f"{type(model).__name__} is not a graph of layers (a subclassed "
+                            f"model): which of its inputs are masked cannot be told; buckets "
+                            f"need a functional or Sequential model")
+    follows = _follows(graph, signature, found, hub is not None)
+    _probe(call, signature, found, follows)
+    return Padding([found[j].pad if j in found else None for j in range(len(specs))], follows)
 
 
 def _hub_padding(model: Any, specs: Sequence[TensorSpec], sequences: list[int]
@@ -70,111 +98,293 @@ def _hub_padding(model: Any, specs: Sequence[TensorSpec], sequences: list[int]
             for j, name in zip(sequences, names)}
 
 
-def _masked(model: Any, specs: Sequence[TensorSpec], sequences: list[int]) -> dict[int, Padded]:
-    """The padding of each sequence input, from the masks made after it."""
-    found = input_tensors(model)
-    if found is None or found[0] != [s.name for s in specs]:
-        raise ArgumentError(f"{type(model).__name__} is not a graph of layers (a subclassed "
-                            f"model): which of its inputs are masked cannot be told; buckets "
-                            f"need a functional or Sequential model")
+@dataclass(frozen=True)
+class _Graph:
+    """A functional model's graph: the calls of its layers each tensor feeds (``calls``:
+    by the tensor's id, the layer and the outputs of the call that the model's outputs are
+    computed from, masks aside), its inputs' names and tensors and its outputs' tensors
+    (in signature order), and the ids of the masks its layers pass each other."""
+
+    calls: dict[int, list[tuple[Any, list[Any]]]]
+    names: list[str]
+    inputs: list[Any]
+    outputs: list[Any]
+    masks: frozenset[int]
+
+    @classmethod
+    def of(cls, model: Any) -> _Graph | None:
+        """``model``'s graph; None for a model without one (a subclassed model)."""
+        rt = flavour.current()
+        found = input_tensors(model)
+        graph = graph_of(model)
+        struct = next((s for s in (getattr(graph, name, None) for name in
+                                   ("_outputs_struct", "_nested_outputs")) if s is not None), None)
+        if found is None or struct is None:
+            return None
+        outputs = [struct[k] for k in struct] if isinstance(struct, dict) else rt.flatten(struct)
+        layers = [x for x in getattr(graph, "operations", None) or graph.layers
+                  if not isinstance(x, rt.module.layers.InputLayer)]  # (tf-keras: fed its own tensor)
+        nodes = [(layer, node) for layer in layers for node in getattr(layer, "_inbound_nodes", [])]
+        masks = frozenset([*(id(m) for _, node in nodes
+                             for t in (*_fed(node), *rt.flatten(node.output_tensors))
+                             if (m := _mask_of(t)) is not None),
+                           *(id(t) for _, node in nodes for t in _mask_arguments(node))])
+        data = _ancestors(outputs, masks)
+        calls: dict[int, list[tuple[Any, list[Any]]]] = {}
+        for layer, node in nodes:
+            outs = [t for t in rt.flatten(node.output_tensors) if id(t) in data]
+            if outs:  # (not a call computing a mask only)
+                for t in {id(t): t for t in _fed(node)}.values():
+                    calls.setdefault(id(t), []).append((layer, outs))
+        return cls(calls, found[0], found[1], outputs, masks)
+
+
+@dataclass
+class _Walk:
+    """What :func:`_walk` finds after an input: the layers it feeds, how to pad it for the
+    masks made after it, the layers given its mask that drop it, and the outputs (their
+    index) it reaches on a path where no mask is made."""
+
+    first: list[Any] = field(default_factory=list)
+    made: list[Padded] = field(default_factory=list)
+    dropped: list[Any] = field(default_factory=list)
+    bare: list[int] = field(default_factory=list)
+
+
+def _masked(graph: _Graph, signature: Signature, sequences: list[int]) -> dict[int, Padded]:
+    """The padding of each sequence input, once the mask made after it is kept to the
+    outputs (checks 1 and 2 of the module's text)."""
     out = {}
     for j in sequences:
-        first, made = _masks_after(graph_of(model), found[1][j])
-        if not made:
-            what = f"feeds {type(first[0]).__name__}" if first else "feeds no layer"
-            raise ArgumentError(f"input {specs[j].name!r} {what}, and no Masking layer or "
+        name, walk = signature.inputs[j].name, _walk(graph, graph.inputs[j])
+        if not walk.made:
+            what = f"feeds {type(walk.first[0]).__name__}" if walk.first else "feeds no layer"
+            raise ArgumentError(f"input {name!r} {what}, and no Masking layer or "
                                 f"Embedding(mask_zero=True) after it marks padded steps: they "
                                 f"would change the predictions; {ADVICE}")
-        if len({p.pad for p in made}) > 1:
-            raise ArgumentError(f"input {specs[j].name!r} feeds masks of different values "
-                                f"({sorted(p.pad for p in made)}): no one padding suits them")
-        out[j] = made[0]
+        if len({p.pad for p in walk.made}) > 1:
+            raise ArgumentError(f"input {name!r} feeds masks of different values "
+                                f"({sorted(p.pad for p in walk.made)}): no one padding suits them")
+        if walk.dropped:
+            layer = walk.dropped[0]
+            raise ArgumentError(f"input {name!r} is masked, but {type(layer).__name__} "
+                                f"{layer.name!r} after it does not support masking: given the "
+                                f"mask, it drops it (Keras 3 warns so), and the padded steps "
+                                f"reach the outputs after it; leave buckets unset")
+        if walk.bare:
+            raise ArgumentError(f"input {name!r} reaches output "
+                                f"{signature.outputs[walk.bare[0]].name!r} by a path with no "
+                                f"Masking layer or Embedding(mask_zero=True) on it: its padded "
+                                f"steps would change that output; {ADVICE}")
+        out[j] = walk.made[0]
     return out
 
 
-def _masks_after(graph: Any, tensor: Any) -> tuple[list[Any], list[Padded]]:
-    """The layers ``tensor`` (a symbolic input of ``graph``) feeds, and how it must be
-    padded for the first layers after it that make a mask (``Masking``,
-    ``Embedding(mask_zero=True)``; in a nested model of one input too) to mask the padded
-    steps: the paths from it are followed until such a layer. That the values padded
-    reach it unchanged, and its mask the outputs, is for the probe to tell."""
+def _walk(graph: _Graph, tensor: Any) -> _Walk:
+    """The paths from ``tensor`` (an input of ``graph``) to the outputs, layer by layer
+    (see :class:`_Walk`). A path is followed while it carries the input's padded steps:
+    unmasked, until a layer makes a mask (``Masking``, ``Embedding(mask_zero=True)``, a
+    nested model of one input that makes one); masked, through the layers that pass the
+    mask on, to a layer that uses it up (an output without a mask) or drops it."""
     rt = flavour.current()
     keras = rt.module
-    layers = [x for x in getattr(graph, "operations", None) or graph.layers
-              if not isinstance(x, keras.layers.InputLayer)]  # (tf-keras: fed its own tensor)
-    first: list[Any] = []
-    made: list[Padded] = []
+    walk = _Walk()
     todo, seen = [tensor], {id(tensor)}
     while todo:
         x = todo.pop(0)
-        for layer in layers:
-            for node in getattr(layer, "_inbound_nodes", []):
-                if not any(t is x for t in rt.flatten(node.input_tensors)):
+        masked = _mask_of(x) is not None
+        if not masked:
+            walk.bare.extend(k for k, out in enumerate(graph.outputs) if out is x)
+        for layer, outs in graph.calls.get(id(x), []):
+            if x is tensor:
+                walk.first.append(layer)
+            after: Iterable[Any] = outs
+            if masked:
+                if not _takes_mask(layer):
+                    walk.dropped.append(layer)
                     continue
-                if x is tensor:
-                    first.append(layer)
-                inner = input_tensors(layer) if isinstance(layer, keras.Model) else None
-                if isinstance(layer, keras.layers.Masking):
-                    made.append(Padded(float(layer.mask_value)))
-                elif isinstance(layer, keras.layers.Embedding):
-                    if layer.mask_zero:
-                        made.append(Padded(0, "ids", int(layer.input_dim)))
-                elif inner is not None and len(inner[1]) == 1 \
-                        and (nested := _masks_after(layer, inner[1][0])[1]):
-                    made.extend(nested)
-                else:
-                    for out in rt.flatten(node.output_tensors):
-                        if id(out) not in seen:
-                            seen.add(id(out))
-                            todo.append(out)
-    return first, made
+                after = [t for t in outs if _mask_of(t) is not None]  # a mask used up: no steps
+            elif isinstance(layer, keras.layers.Masking):
+                walk.made.append(Padded(float(layer.mask_value)))
+            elif isinstance(layer, keras.layers.Embedding):
+                if layer.mask_zero:
+                    walk.made.append(Padded(0, "ids", int(layer.input_dim)))
+            elif isinstance(layer, keras.Model) and (inner := _Graph.of(layer)) is not None \
+                    and len(inner.inputs) == 1 and (nested := _walk(inner, inner.inputs[0])).made:
+                walk.made.extend(nested.made)
+                walk.dropped.extend(nested.dropped)
+                if not nested.bare:  # its mask used up inside, or passed on
+                    after = [t for t in outs if _mask_of(t) is not None]
+            for t in after:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    todo.append(t)
+    return walk
+
+
+def _takes_mask(layer: Any) -> bool:
+    """Whether ``layer``, given a mask, passes it on or uses it: Keras's
+    ``supports_masking``, or a ``mask`` (``query_mask``...) argument of its ``call`` (of
+    its function, for a ``Lambda``)."""
+    if getattr(layer, "supports_masking", False):
+        return True
+    lambda_layer = flavour.current().module.layers.Lambda
+    try:
+        params = inspect.signature(layer.function if isinstance(layer, lambda_layer)
+                                   else layer.call).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return any(_is_mask_name(p) for p in params)
+
+
+def _fed(node: Any) -> list[Any]:
+    """The symbolic tensors a layer's call (``node``) was given, in any argument (tf-keras's
+    ``input_tensors`` are its first argument's alone)."""
+    fed = getattr(node, "keras_inputs", None)  # tf-keras
+    return list(fed) if fed is not None else flavour.current().flatten(node.input_tensors)
+
+
+def _mask_arguments(node: Any) -> list[Any]:
+    """The tensors a layer's call (``node``) was given as masks (``mask=``, ``query_mask=``...;
+    a model loaded from its config passes each mask so, computed by ops of its graph)."""
+    kwargs = getattr(getattr(node, "arguments", None), "kwargs", None)  # Keras 3
+    if kwargs is None:
+        kwargs = getattr(node, "call_kwargs", None) or {}  # tf-keras
+    return [t for name, value in kwargs.items() if _is_mask_name(name)
+            for t in flavour.current().flatten(value)]
+
+
+def _is_mask_name(name: str) -> bool:
+    """Whether a ``call`` argument of this name takes a mask (``use_causal_mask`` does not)."""
+    return name == "mask" or (name.endswith("_mask") and not name.startswith("use_"))
+
+
+def _mask_of(tensor: Any) -> Any:
+    """The mask Keras attached to a symbolic tensor, if any."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+def _ancestors(tensors: Iterable[Any], skip: frozenset[int] = frozenset()) -> set[int]:
+    """The ids of ``tensors`` and of the tensors they are computed from (each one's Keras
+    history, back to the inputs), leaving out those of ``skip`` and what only they come from."""
+    todo, seen = list(tensors), set()
+    while todo:
+        t = todo.pop()
+        if id(t) in seen or id(t) in skip:
+            continue
+        seen.add(id(t))
+        history = getattr(t, "_keras_history", None)
+        nodes = getattr(history[0], "_inbound_nodes", []) if history else []
+        if history and history[1] < len(nodes):
+            todo.extend(_fed(nodes[history[1]]))
+    return seen
+
+
+def _follows(graph: _Graph | None, signature: Signature, found: dict[int, Padded],
+             hub: bool) -> tuple[int | None, ...]:
+    """For each output, the padded input whose steps its first axis follows: for an output
+    with a value per step, the padded input it is computed from; of several on different
+    axes (keras-hub's ``token_ids`` and ``padding_mask`` share one), the one its mask comes
+    from. None for an output without a value per step or computed from no padded input."""
+    axis = {j: _hub_axis(signature.inputs[j].name) if hub else str(j) for j in found}
+    out: list[int | None] = []
+    for k, spec in enumerate(signature.outputs):
+        if not spec.shape or spec.shape[0] is not None:
+            out.append(None)
+            continue
+        candidates = sorted(found)
+        if graph is not None:
+            before = _ancestors([graph.outputs[k]], graph.masks)
+            candidates = [j for j in candidates if id(graph.inputs[j]) in before]
+            mask = _mask_of(graph.outputs[k])
+            if len({axis[j] for j in candidates}) > 1 and mask is not None:
+                of_mask = _ancestors([mask])
+                candidates = [j for j in candidates if id(graph.inputs[j]) in of_mask] or candidates
+        if len({axis[j] for j in candidates}) > 1:
+            names = " and ".join(repr(signature.inputs[j].name) for j in candidates)
+            raise ArgumentError(f"output {spec.name!r} has a value per step, computed from inputs "
+                                f"{names}, and which of them its steps follow cannot be told from "
+                                f"the model (nor from its mask): padded to one length, rows of "
+                                f"different lengths could not be cut back to their own; leave "
+                                f"buckets unset")
+        out.append(candidates[0] if candidates else None)
+    return tuple(out)
+
+
+def _hub_axis(name: str) -> str:
+    """The axis a keras-hub input lies on: its name's prefix (``encoder_``, ``decoder_``
+    or none) before ``token_ids``, ``segment_ids`` or ``padding_mask``."""
+    return next((name[:-len(s)] for s in HUB_AXES if name.endswith(s)), name)
 
 
 def _probe(call: Callable[[Sequence[np.ndarray]], list[np.ndarray]], signature: Signature,
-           found: dict[int, Padded]) -> None:
-    """Refuse the padding unless ``call`` gives one random row of :data:`PROBE_STEPS`
-    steps the same outputs alone and padded by :data:`PROBE_PADDING` steps."""
+           found: dict[int, Padded], follows: Sequence[int | None]) -> None:
+    """Refuse the padding unless ``call`` gives :func:`_probe_rows` of :data:`PROBE_STEPS`
+    steps the same outputs alone and padded by 1 and by :data:`PROBE_PADDING` steps."""
     rng = np.random.default_rng(0)
-    alone = [_probe_row(s, found.get(j), rng) for j, s in enumerate(signature.inputs)]
-    steps = PROBE_STEPS + PROBE_PADDING
-    padded = [row if j not in found else
-              np.concatenate([row, np.full((1, PROBE_PADDING, *row.shape[2:]), found[j].pad,
-                                           row.dtype)], axis=1)
-              for j, row in enumerate(alone)]
+    alone = [_probe_rows(s, found.get(j), rng) for j, s in enumerate(signature.inputs)]
+    want = _called(call, alone, PROBE_STEPS)
+    for extra in (1, PROBE_PADDING):
+        steps = PROBE_STEPS + extra
+        got = _called(call, [rows if j not in found else np.concatenate(
+            [rows, np.full((len(rows), extra, *rows.shape[2:]), found[j].pad, rows.dtype)], axis=1)
+            for j, rows in enumerate(alone)], steps)
+        for spec, follow, w, g in zip(signature.outputs, follows, want, got):
+            length = steps if follow is None else PROBE_STEPS
+            by = _difference(w, [trimmed(row, spec, length, steps) for row in g])
+            if by:
+                raise ArgumentError(
+                    f"padding rows of {PROBE_STEPS} steps to {steps} changes output {spec.name!r} "
+                    f"{by}: the padded steps reach it (a layer changes them or mixes them with "
+                    f"the others before the mask is made, or passes the mask on without heeding "
+                    f"it, perhaps inside a nested model); leave buckets unset")
+
+
+def _called(call: Callable[[Sequence[np.ndarray]], list[np.ndarray]], rows: list[np.ndarray],
+            steps: int) -> list[np.ndarray]:
+    """``call`` on probe rows of ``steps`` steps; an :class:`ArgumentError` if it raises."""
     try:
-        want, got = call(alone), call(padded)
+        return call(rows)
     except Exception as exc:
-        raise ArgumentError(f"the model raised on a probe row of {PROBE_STEPS} steps, alone or "
-                            f"padded to {steps}: {reason_text(exc)}") from exc
-    for spec, w, g in zip(signature.outputs, want, got):
-        g = trimmed(g[0], spec, PROBE_STEPS, steps)
-        scale = max(1.0, float(np.abs(w).max())) if w.dtype.kind == "f" and w.size else 1.0
-        same = g.shape == w[0].shape and (
-            bool(np.all(np.abs(g - w[0]) <= TOLERANCE * scale)) if w.dtype.kind == "f"
-            else bool(np.array_equal(g, w[0])))
-        if not same:
-            by = f"by up to {float(np.abs(g - w[0]).max()):.3g}" if g.shape == w[0].shape \
-                else f"from shape {w[0].shape} to {g.shape}"
-            raise ArgumentError(
-                f"padding a row of {PROBE_STEPS} steps to {steps} changes output {spec.name!r} "
-                f"{by}: a layer between the mask and this output drops the mask (a Conv1D, "
-                f"a Flatten, any layer that takes none), so padded steps reach the "
-                f"prediction; leave buckets unset")
+        raise ArgumentError(f"the model raised on probe rows of {PROBE_STEPS} steps "
+                            f"(padded to {steps}): {reason_text(exc)}") from exc
 
 
-def _probe_row(spec: TensorSpec, padded: Padded | None, rng: np.random.Generator) -> np.ndarray:
-    """One row (a batch of one) of ``spec``: a sequence input :data:`PROBE_STEPS` steps
-    long, its other unknown dimensions 2, filled as ``padded`` says (random numbers for
-    an input that is not padded)."""
+def _difference(want: np.ndarray, got: list[np.ndarray]) -> str | None:
+    """How the padded rows' outputs ``got`` differ from ``want`` (the rows' alone), or None
+    where they agree (numbers within :data:`TOLERANCE` of ``want``'s largest value)."""
+    for w, g in zip(want, got):
+        if g.shape != w.shape:
+            return f"from shape {w.shape} to {g.shape}"
+    if want.dtype.kind != "f":
+        return None if all(np.array_equal(w, g) for w, g in zip(want, got)) else "in its values"
+    w, g = want.astype(np.float64), np.stack(got).astype(np.float64)
+    gap = np.where((w == g) | (np.isnan(w) & np.isnan(g)), 0.0, np.abs(g - w))
+    worst = float(np.max(np.nan_to_num(gap, nan=np.inf), initial=0.0))
+    scale = float(np.max(np.abs(np.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)), initial=0.0))
+    return None if worst <= TOLERANCE * scale else f"by up to {worst:.3g} (its values up to {scale:.3g})"
+
+
+def _probe_rows(spec: TensorSpec, padded: Padded | None, rng: np.random.Generator) -> np.ndarray:
+    """Four rows (a batch) of ``spec``: a sequence input :data:`PROBE_STEPS` steps long,
+    its other unknown dimensions 2, filled as ``padded`` says: random numbers, the same
+    negated, one step repeated and negated (ids: random, reversed, the first and the last
+    repeated); random numbers for an input that is not padded."""
     dims = list(spec.shape)
     if padded is not None:
         dims[0] = PROBE_STEPS
-    shape = (1, *(2 if d is None else d for d in dims))
+    shape = (4, *(2 if d is None else d for d in dims))
     fill, ids = (padded.fill, padded.ids) if padded is not None else ("values", 2)
     if spec.dtype == "string":
         return np.full(shape, b"a", dtype=object)
     if fill == "ids":
-        return rng.integers(1, max(2, ids), shape).astype(spec.dtype)
+        tokens = rng.integers(1, max(2, ids), shape[1:])
+        return np.stack([tokens, tokens[::-1], np.broadcast_to(tokens[:1], tokens.shape),
+                         np.broadcast_to(tokens[-1:], tokens.shape)]).astype(spec.dtype)
     if fill in ("mask", "zeros") or spec.dtype == "bool" or spec.dtype.startswith(("int", "uint")):
         return np.full(shape, 1 if fill == "mask" else 0, dtype=spec.dtype)
-    return rng.standard_normal(shape).astype(spec.dtype)
+    if padded is None:
+        return rng.standard_normal(shape).astype(spec.dtype)
+    row = rng.standard_normal(shape[1:])
+    step = np.broadcast_to(row[:1], row.shape)
+    return np.stack([row, -row, step, -step]).astype(spec.dtype)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import flavour
 from ..errors import ModelError
-from .buckets import Group, exact_groups, padded_groups, trimmed
+from .buckets import Group, Padding, exact_groups, padded_groups, trimmed
 from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
 from .masking import padding_of
 from .options import DEFAULT_BATCH_SIZE
@@ -34,7 +34,7 @@ class Predictor:
         self.model = model
         self.signature = signature or signature_of(model)
         self._call = self._compile()
-        self._padding: tuple[Any, ...] | None = None
+        self._padding: Padding | None = None
 
     def _flat_outputs(self, outputs: Any) -> list[Any]:
         names = self.signature.output_names
@@ -55,7 +55,7 @@ class Predictor:
         return flavour.current().compile_call(call, sig.inputs)
 
     @property
-    def padding(self) -> tuple[Any, ...]:
+    def padding(self) -> Padding:
         """Each input's pad value for ``buckets`` (None: an input that is not padded), found
         once (:mod:`.masking`); an :class:`~spark_keras.errors.ArgumentError` says why the
         model cannot take padded rows."""
@@ -145,7 +145,7 @@ class Predictor:
                 for k, row in enumerate(index):  # one array per row, of its own shape
                     # (a failed row's placeholder is left as it is: the rows are left out)
                     out[row] = got[k] if group.lengths is None or (found and k in found) \
-                        else trimmed(got[k], spec, int(group.lengths[k]), group.steps)
+                        else trimmed(got[k], spec, group.length(j, k), group.steps)
         if not n:
             return empty_outputs(self.signature)
         return cast("list[np.ndarray]", outs)  # each filled by the first group
