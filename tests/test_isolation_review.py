@@ -262,6 +262,21 @@ def test_preprocess_parts_of_different_number_types_are_stitched():
     np.testing.assert_allclose(out.outputs[0], want, atol=1e-5)
 
 
+def test_a_preprocess_part_of_a_type_that_goes_with_no_other_is_its_rows_failure():
+    """Row 0 raises; the search's part of row 1 alone is text, the part of rows 2-3 numbers:
+    row 1 is invalid, naming its type, and rows 2-3 are scored."""
+    model = models.mlp(n_features=3)
+    texts = ["[1, 2,", '["a", "b", "c"]', "[0.5, 2, 3]", "[1, 2, 3]"]
+    h = handle(model, parse_json)
+    out = scored(h, "j", pa.array(texts), on_invalid="null", reasons=True)
+    assert np.flatnonzero(out.invalid).tolist() == [0, 1]
+    assert out.reasons[1].startswith(
+        f"preprocess: PreprocessError: the preprocess function {h.preprocess.name} made input "
+        f"'input_layer' of type fixed_size_list<item: string>[3] for these rows"), out.reasons[1]
+    want = model(np.array([[0.5, 2, 3], [1, 2, 3]], "float32"), training=False).numpy()
+    np.testing.assert_allclose(out.outputs[0], want, atol=1e-5)
+
+
 # --- 4. a string output that is not UTF-8 ------------------------------------------------------
 
 @keras.saving.register_keras_serializable(package="spark_keras_tests")
