@@ -31,6 +31,7 @@ from .quiet import quiet_native_noise
 logger = logging.getLogger("spark_keras")
 
 DEFAULT_MAX_ENTRIES = 4
+MAX_ROOM = 64  # the most entries make_room keeps (KeyedModels with more keys: LRU beyond)
 DEFAULT_MAX_BYTES = 8 * 1024**3
 
 
@@ -45,9 +46,13 @@ class _Entry:
 class ModelCache:
     """Thread-safe LRU of built models; concurrent requests for one key build once."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int = DEFAULT_MAX_BYTES,
+                 entries_chosen: bool = False):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        # the entry limit was chosen (environment, configure): make_room leaves it be
+        self._entries_chosen = entries_chosen
+        self._room_for: str | None = None  # why make_room raised the limit
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
@@ -142,10 +147,24 @@ class ModelCache:
             heap.refreeze()  # the dropped models' reference cycles are collected
         return bool(keys)
 
+    def make_room(self, models: int, why: str) -> None:
+        """Keep up to ``models`` entries (at most :data:`MAX_ROOM`) where one task uses that
+        many models in turn (a KeyedModels task: every key's rows in every batch), so
+        that each is built once per process instead of once per batch. Only while the
+        entry limit is the default: one chosen (``SPARK_KERAS_CACHE_MAX_ENTRIES``,
+        :func:`configure_cache`) stays; ``max_bytes`` still bounds the weight bytes."""
+        with self._lock:
+            wanted = min(int(models), MAX_ROOM)
+            if self._entries_chosen or wanted <= self.max_entries:
+                return
+            self.max_entries, self._room_for = wanted, why
+        logger.info("model cache: room for %d models (%s), pid %d", wanted, why, os.getpid())
+
     def configure(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
         with self._lock:
             if max_entries is not None:
                 self.max_entries = max(1, int(max_entries))
+                self._entries_chosen, self._room_for = True, None
             if max_bytes is not None:
                 self.max_bytes = max(0, int(max_bytes))
             evicted = self._evict_over_limits()
@@ -174,6 +193,7 @@ class ModelCache:
                 "bytes": self._total_bytes(),
                 "build_seconds": sum(self._build_seconds.values()),
                 "max_entries": self.max_entries,
+                "max_entries_for": self._room_for,  # None: the default or a chosen limit
                 "max_bytes": self.max_bytes,
             }
 
@@ -219,6 +239,7 @@ def _env_int(name: str, default: int) -> int:
 model_cache = ModelCache(
     max_entries=_env_int("SPARK_KERAS_CACHE_MAX_ENTRIES", DEFAULT_MAX_ENTRIES),
     max_bytes=_env_int("SPARK_KERAS_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES),
+    entries_chosen=bool(os.environ.get("SPARK_KERAS_CACHE_MAX_ENTRIES")),
 )
 
 
@@ -227,7 +248,8 @@ def cache_info() -> dict[str, Any]:
 
     Returns:
         A dict: builds (total and by key), hits, evictions, entries, bytes, seconds
-        spent building, limits, the process id, and per entry (``memory_by_key``)
+        spent building, limits (``max_entries_for``: why a KeyedModels task raised the
+        default entry limit, else None), the process id, and per entry (``memory_by_key``)
         whether its weights are shared with other processes (``shared``), how many
         weight bytes are shared and private to this process, and, for a model built on
         its own copy because the host's shared payload file could not be written (a
@@ -247,7 +269,9 @@ def configure_cache(*, max_entries: int | None = None, max_bytes: int | None = N
 
     Args:
         max_entries: the most models kept (at least 1; default 4, or
-            ``SPARK_KERAS_CACHE_MAX_ENTRIES``); None keeps the current limit.
+            ``SPARK_KERAS_CACHE_MAX_ENTRIES``; a KeyedModels task raises the default to
+            its number of keys, at most 64, unless a limit was chosen); None keeps the
+            current limit.
         max_bytes: the most weight bytes kept (default 8 GiB, or
             ``SPARK_KERAS_CACHE_MAX_BYTES``); None keeps the current limit.
     """

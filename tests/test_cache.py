@@ -214,3 +214,32 @@ def test_a_forked_child_reclaims_its_models_without_copying_its_parents_frozen_p
     assert found["inherited"] > 400_000 and found["dropped_collected"], found
     assert found["growth_kb"] < 5 * 1024, found  # ~0.1 MB; 30 MB when it unfroze them
     assert found["frozen"] == found["inherited"], found  # the child froze nothing of its own
+
+
+def test_make_room_raises_the_default_entry_limit_only():
+    """A KeyedModels task makes room for its keys' models (each then built once per
+    process, not once per batch): the default limit rises, up to MAX_ROOM; a limit chosen
+    in the environment or with configure stays; max_bytes still evicts."""
+    from spark_keras.cache import MAX_ROOM
+
+    cache = ModelCache(max_entries=4, max_bytes=10**9)
+    cache.make_room(12, "KeyedModels of 12 keys")
+    for round_ in range(3):  # rows in random key order: every batch uses every model
+        for key in range(12):
+            cache.get_or_build(f"k{key}", lambda: (object(), 10))
+    info = cache.info()
+    assert (info["builds"], info["evictions"], info["entries"]) == (12, 0, 12), info
+    assert (info["max_entries"], info["max_entries_for"]) == (12, "KeyedModels of 12 keys")
+    cache.make_room(1000, "KeyedModels of 1000 keys")
+    assert cache.max_entries == MAX_ROOM
+    cache.configure(max_entries=2)  # chosen: evicts, and make_room leaves it
+    cache.make_room(12, "KeyedModels of 12 keys")
+    assert (cache.max_entries, cache.info()["max_entries_for"], cache.info()["entries"]) == (2, None, 2)
+    chosen = ModelCache(max_entries=3, entries_chosen=True)  # SPARK_KERAS_CACHE_MAX_ENTRIES
+    chosen.make_room(12, "KeyedModels of 12 keys")
+    assert chosen.max_entries == 3
+    tight = ModelCache(max_entries=4, max_bytes=25)
+    tight.make_room(12, "KeyedModels of 12 keys")
+    for key in range(5):
+        tight.get_or_build(f"k{key}", lambda: (object(), 10))
+    assert tight.info()["entries"] == 2  # 25 bytes hold two 10-byte models

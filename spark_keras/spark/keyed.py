@@ -3,8 +3,10 @@
 Each key's model is a :class:`~spark_keras.BroadcastModel` of its own, shipped by the
 driver (``ship="driver"``) or read from storage (a URI): its payload reaches an executor,
 and lands in its file, when a worker there first needs that key, and each worker keeps the
-models it uses in its LRU cache (at most ``SPARK_KERAS_CACHE_MAX_ENTRIES`` models, 4 by
-default, and ``SPARK_KERAS_CACHE_MAX_BYTES``). In a batch, the rows are grouped by key (a stable sort of the keys'
+models it uses in its LRU cache: a KeyedModels task makes room there for every key's
+model (up to 64; not where ``SPARK_KERAS_CACHE_MAX_ENTRIES`` or ``configure_cache`` chose
+a limit), still bounded by ``SPARK_KERAS_CACHE_MAX_BYTES``, so rows in any key order build
+each model once per worker, not once per batch. In a batch, the rows are grouped by key (a stable sort of the keys'
 codes, zero-copy slices), each key's rows go to its model in one call, and the results
 are put back in row order; a batch of one key (rows clustered by key) is scored as is.
 """
@@ -19,6 +21,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from ..cache import model_cache
 from ..errors import ArgumentError, ArgumentTypeError, ModelInputError, SparkKerasError
 from ..inference import buckets as bucketing
 from ..inference.engine import Scored
@@ -251,6 +254,8 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
     and reasons number a row by its place in the batch; the batch is held against
     ``max_invalid`` as a whole, in row order, once its keys are scored."""
     keys = models.keys()
+    # every batch may hold every key: each model built once per worker, not per batch
+    model_cache.make_room(len(keys), f"KeyedModels of {len(keys)} keys")
     known: dict[pa.DataType, tuple[pa.Array, np.ndarray]] = {}  # by key column type
     budget = InvalidBudget(max_invalid)
     # each key's rows are counted with the batch, after its last key, not on their own
