@@ -6,12 +6,14 @@ ones run the job as a process and kill its driver with SIGKILL."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -314,11 +316,13 @@ def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, 
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert reference.stdout.strip().endswith("rows_skipped=0 groups=6 groups_skipped=0"), \
         reference.stdout
-    lines = [line.split(" INFO ", 1)[1] for line in reference.stderr.splitlines()]
+    lines = [line.split(" INFO ", 1)[1] for line in reference.stderr.splitlines()
+             if "; group " not in line]  # the lines while a group is scored: not timed here
     assert lines[0] == f"scoring 6 group(s), {6 * one_file / 1024:.1f} KiB of input into " \
                        f"'{tmp_path / 'reference'}'", lines
     assert [re.sub(r", [\d.,k]+ rows/s, ETA \d\d:\d\d:\d\d$", "", line) for line in lines[1:7]] \
-        == [f"committed {i} of 6 groups, {i * ROWS:,} rows" for i in range(1, 7)], lines
+        == [f"committed {i} of 6 groups, {i * ROWS:,} rows (0 invalid)" for i in range(1, 7)], \
+        lines
     assert lines[6].endswith("ETA 00:00:00") and lines[7].startswith("scored 1800 rows"), lines
 
     out = tmp_path / "out"
@@ -365,3 +369,86 @@ def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, 
     assert refused.returncode == 2 and len(lines) == 1, lines
     assert re.match(rf"score\.py: error: cannot resume '{re.escape(str(out))}': input file "
                     rf"'.*/part-4\.parquet' changed \(size \d+ -> \d+ bytes, modified ", lines[0])
+
+
+# --- progress lines --------------------------------------------------------------------------
+
+def progress_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "spark_keras.jobs.score"]
+
+
+def running_tasks_in(lines: list[str]) -> list[tuple[int, int]]:
+    return [(int(m[1]), int(m[2])) for line in lines if (m := re.search(r"(\d+) of (\d+) tasks", line))]
+
+
+def test_progress_lines_say_how_far_the_job_is(spark, data, tmp_path, caplog):
+    """With --progress a line every --progress-seconds while Spark scores: the running
+    stages' tasks done (rising, never past their count), elapsed time and ETA; with
+    --resume the groups, rows and invalid rows committed too, rising to the total. Without
+    it (the default when stderr is not a terminal) no line and no thread."""
+    caplog.set_level(logging.INFO, logger="spark_keras.jobs.score")
+    plain = parse_args(["--model", str(data / "model.skp"), "--input", str(data / "flat"),
+                        "--output", str(tmp_path / "plain"), "--features", "features",
+                        "--progress", "--progress-seconds", "0.05"])
+    score(spark, HadoopPaths(spark), plain)
+    lines = progress_lines(caplog)
+    assert lines[0] == f"scoring {str(data / 'flat')!r} into {str(tmp_path / 'plain')!r}", lines
+    beats = [line for line in lines if line.startswith("scoring: ")]
+    tasks = running_tasks_in(beats)
+    assert tasks and all(0 <= done <= total for done, total in tasks), beats
+    assert all(re.fullmatch(r"scoring: (\d+ of \d+ tasks, \d\d:\d\d:\d\d elapsed, ETA "
+                            r"(\d\d:\d\d:\d\d|unknown)|no Spark stage running, "
+                            r"\d\d:\d\d:\d\d elapsed)", line) for line in beats), beats
+    for total in {t for _, t in tasks}:  # one stage's count only rises
+        done = [d for d, t in tasks if t == total]
+        assert done == sorted(done), beats
+    assert lines[-1].startswith(f"scored {6 * ROWS} rows (0 invalid)"), lines
+
+    caplog.clear()
+    threads = threading.active_count()
+    quiet = parse_args(["--model", str(data / "model.skp"), "--input", str(data / "flat"),
+                        "--output", str(tmp_path / "quiet"), "--features", "features"])
+    assert quiet.progress is None  # main() makes it sys.stderr.isatty()
+    score(spark, HadoopPaths(spark), quiet)
+    assert not [line for line in progress_lines(caplog) if "tasks" in line or "stage" in line]
+    assert not [t for t in threading.enumerate() if t.name == "spark-keras-progress"]
+    assert threading.active_count() <= threads
+
+    caplog.clear()
+    resumable = job_args(data, tmp_path / "resumable", "--progress", "--progress-seconds",
+                         "0.05", source="flat", per_group=2)
+    score(spark, HadoopPaths(spark), resumable)
+    lines = progress_lines(caplog)
+    groups = json.loads((tmp_path / "resumable" / "_spark_keras" / "manifest.json")
+                        .read_text())["groups"]
+    assert len(groups) >= 3, groups
+    commit_lines = [line for line in lines if ";" not in line and line.startswith("committed")]
+    assert [re.sub(r", [\d.,k]+ rows/s, ETA (\d\d:\d\d:\d\d|unknown)$", "", line)
+            for line in commit_lines] == \
+        [f"committed {i} of {len(groups)} groups, "
+         f"{sum(len(g) for g in groups[:i]) * ROWS:,} rows (0 invalid)"
+         for i in range(1, len(groups) + 1)]
+    beats = [line for line in lines if "; group " in line]
+    assert beats and all(re.fullmatch(r"committed \d of \d groups, [\d,]+ rows \(0 invalid\), "
+                                      r"[\d.,k]+ rows/s, ETA (\d\d:\d\d:\d\d|unknown); group "
+                                      r"\d: (\d+ of \d+ tasks|no Spark stage running)", line)
+                         for line in beats), beats
+    assert running_tasks_in(beats), beats
+    scored = [int(re.search(r"; group (\d)", line)[1]) for line in beats]
+    assert scored == sorted(scored) and set(scored) <= set(range(1, len(groups) + 1)), beats
+
+
+def test_connect_progress_counts_the_stages_not_done():
+    """Spark Connect's handler gets every stage of the operation, done or not."""
+    from pyspark.sql.connect.shell.progress import StageInfo
+
+    from spark_keras.jobs.score_progress import running_tasks
+
+    stages = [StageInfo(stage_id=0, num_tasks=4, num_completed_tasks=4, num_bytes_read=10,
+                        done=True),
+              StageInfo(stage_id=1, num_tasks=8, num_completed_tasks=3, num_bytes_read=10,
+                        done=False),
+              StageInfo(stage_id=2, num_tasks=2, num_completed_tasks=0, num_bytes_read=0,
+                        done=False)]
+    assert running_tasks(stages) == (3, 10)
+    assert running_tasks(stages[:1]) is None and running_tasks([]) is None

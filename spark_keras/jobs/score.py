@@ -4,7 +4,7 @@
         --features features [--batch-size 1024] [--buckets N|B1,B2,...] [--master local[*]] \\
         [--overwrite] [--on-invalid error|null [--error-col error] [--max-invalid N|F]] [--id-col id]
         [--version-col model_version [--model-version LABEL]]
-        [--resume [--commit-bytes BYTES]] [--progress]
+        [--resume [--commit-bytes BYTES]] [--progress|--no-progress [--progress-seconds S]]
         [--metrics-json metrics.json] [--conf key=value ...] [--properties-file F] [--verbose]
 
     spark-submit --master yarn [--properties-file spark-defaults.conf] \\
@@ -50,11 +50,13 @@ query's tasks made and their seconds: the transform's ``observe`` figures, which
 gathers from every executor (classic or Connect, one host or many); the line's
 ``wall_seconds`` is the whole job's, Spark's start-up included.
 
-``--progress`` logs a line on stderr when the job starts and after each commit (``committed
-12 of 40 groups, 1.2M rows, 3.4k rows/s, ETA 00:41:10``) and one when it is done; without
-it (or ``--verbose``) a success prints its ``SCORED`` line only. With ``--resume`` and
-``--metrics-json`` the file is rewritten after each commit (``groups_total``,
-``eta_seconds``, ``done``: false until the last).
+``--progress`` logs a line on stderr when the job starts, one every ``--progress-seconds``
+(10) while Spark scores (the running stages' tasks done: ``scoring: 12 of 40 tasks, 00:01:10
+elapsed, ETA 00:02:43``; with ``--resume`` the groups, rows and invalid rows committed too),
+one after each commit and one when it is done; it is on by default when stderr is a
+terminal (``--no-progress`` turns it off). With ``--resume`` and ``--metrics-json`` the
+file is rewritten after each commit (``groups_total``, ``eta_seconds``, ``done``: false
+until the last).
 
 The job is quiet: the JVM it starts writes its start-up lines, log lines and progress
 bars to a log file (removed after a success, named in the error line of a failure), and
@@ -100,6 +102,14 @@ def _size(text: str) -> int:
         else (text, 1)
     value = int(float(number) * unit)
     if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    """``--progress-seconds``: a number of seconds above 0."""
+    value = float(text)
+    if not value > 0:
         raise ValueError(text)
     return value
 
@@ -159,9 +169,13 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
                    help="with --resume: the most input bytes in one commit, e.g. 512M "
                         "(default: 1G, or what the output was begun with; a larger file is "
                         "a commit of its own)")
-    p.add_argument("--progress", action="store_true",
-                   help="log a line on stderr after each commit: groups and rows committed, "
-                        "rows/s, ETA (default: only the SCORED line)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="log how far the job is on stderr: a line every --progress-seconds "
+                        "(tasks done of the running stages, ETA) and after each commit "
+                        "(groups, rows and invalid rows committed, rows/s, ETA) (default: on "
+                        "when stderr is a terminal)")
+    p.add_argument("--progress-seconds", type=_seconds, default=10.0, metavar="S",
+                   help="with --progress: seconds between two lines (default: 10)")
     p.add_argument("--metrics-json", default=None, metavar="PATH",
                    help="write the summary (rows, invalid_rows, seconds, rows_per_second, "
                         "model_builds, build_seconds; with --resume also rows_skipped, groups, "
@@ -192,7 +206,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("spark_keras").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    if args.progress:  # the job's own lines (start, commits, end), not the package's
+    if args.progress is None:  # lines for a person watching, not for a log file
+        args.progress = sys.stderr.isatty()
+    if args.progress:  # the job's own lines (start, progress, end), not the package's
         logging.getLogger("spark_keras.jobs.score").setLevel(logging.INFO)
     try:
         summary = run(args)

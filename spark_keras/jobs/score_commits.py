@@ -46,6 +46,7 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -57,6 +58,7 @@ from typing import Any, Callable, Sequence
 
 from spark_keras import storage
 from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_progress import Heartbeat, Tasks, byte_size, count, eta
 from spark_keras.spark.paths import Paths, join, listed_by_spark, write_whole
 
 __all__ = ["DEFAULT_COMMIT_BYTES", "LOG", "MANIFEST", "Plan", "plan", "plan_groups",
@@ -355,27 +357,6 @@ def _commit(plan: Plan, index: int, staging: str, record: dict) -> dict:
 
 # --- running ---------------------------------------------------------------------------------
 
-def _count(n: float) -> str:
-    """1,234 / 12.3k / 1.2M / 3.4B."""
-    for size, unit in ((1e9, "B"), (1e6, "M"), (1e4, "k")):
-        if abs(n) >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:,.0f}"
-
-
-def _bytes(n: float) -> str:
-    """12 bytes / 3.4 KiB / 1.2 GiB."""
-    for size, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} bytes"
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
 class Progress:
     """This run's figures, summed over the groups it committed, and the line and summary
     an operator reads after each commit."""
@@ -392,10 +373,10 @@ class Progress:
         self._started = time.perf_counter()
 
     def started(self) -> str:
-        left = f"{self.total - self.skipped} group(s), {_bytes(self._left)} of input"
+        left = f"{self.total - self.skipped} group(s), {byte_size(self._left)} of input"
         if self.skipped:
             return (f"resuming {self._plan.output!r}: {self.skipped} of {self.total} groups "
-                    f"({_count(self.rows_skipped)} rows) committed before; scoring {left}")
+                    f"({count(self.rows_skipped)} rows) committed before; scoring {left}")
         return f"scoring {left} into {self._plan.output!r}"
 
     def add(self, index: int, record: dict) -> None:
@@ -413,13 +394,22 @@ class Progress:
             return 0.0
         return left * seconds / self._done_bytes if self._done_bytes else None
 
-    def line(self) -> str:
+    def line(self, group: int | None = None, tasks: Tasks = None) -> str:
+        """After a commit; or while ``group`` is scored, with its running ``tasks`` (the
+        ETA counts the part of its bytes their share done)."""
         seconds = time.perf_counter() - self._started
-        eta = self.eta()
-        return (f"committed {self.skipped + self.groups} of {self.total} groups, "
-                f"{_count(self.rows_skipped + self.rows)} rows, "
-                f"{_count(self.rows / max(seconds, 1e-9))} rows/s, "
-                f"ETA {'unknown' if eta is None else _clock(eta)}")
+        done: float = self._done_bytes
+        if group is not None and tasks is not None and tasks[1]:
+            done += self._plan.group_bytes(group) * tasks[0] / tasks[1]
+        text = (f"committed {self.skipped + self.groups} of {self.total} groups, "
+                f"{count(self.rows_skipped + self.rows)} rows "
+                f"({count(self.invalid_rows)} invalid), "
+                f"{count(self.rows / max(seconds, 1e-9))} rows/s, "
+                f"ETA {eta(seconds, done, self._left)}")
+        if group is not None:
+            text += f"; group {group + 1}: " + \
+                ("no Spark stage running" if tasks is None else f"{tasks[0]} of {tasks[1]} tasks")
+        return text
 
     def summary(self) -> dict:
         """The job's figures (those of a run without ``--resume``, for this run's rows)
@@ -439,7 +429,7 @@ class Progress:
 
 def run_groups(plan: Plan, read: Callable[[list[str]], Any],
                score: Callable[[Any], tuple[Any, Any]], qualify: Callable[[str], str],
-               on_commit: Callable[[dict], None]) -> dict:
+               on_commit: Callable[[dict], None], heartbeat: Heartbeat) -> dict:
     """Score and commit every group not committed yet; the summary
     (:meth:`Progress.summary`).
 
@@ -448,6 +438,7 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
         score: ``(scored DataFrame, its Observation)`` of a DataFrame.
         qualify: a path as Spark must be given it.
         on_commit: called with the summary after each commit.
+        heartbeat: logs :meth:`Progress.line` while a group is scored.
     """
     committed = _begin(plan)
     progress = Progress(plan, committed)
@@ -458,8 +449,9 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
         staging = join(plan.output, f"{STAGING}g{index:05d}-{uuid.uuid4().hex[:12]}")
         started = time.perf_counter()
         try:
-            scored, observation = score(read(plan.group_files(index)))
-            scored.write.parquet(qualify(staging))
+            with heartbeat.beating(functools.partial(progress.line, index)):
+                scored, observation = score(read(plan.group_files(index)))
+                scored.write.parquet(qualify(staging))
         except BaseException:
             try:
                 plan.paths.delete(staging)

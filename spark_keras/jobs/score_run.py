@@ -19,6 +19,7 @@ from spark_keras.inference.buckets import checked
 from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
 from spark_keras.jobs import score_commits as commits
 from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
 
@@ -249,12 +250,14 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
         if args.metrics_json is not None:
             _write_metrics(args.metrics_json, summary)
 
+    heartbeat = Heartbeat(spark, args.progress_seconds if args.progress else None)
     if plan is not None:
         with _path_errors():
             summary = commits.run_groups(plan, _group_reader(spark, paths, args, fmt, df.schema),
-                                         transform, paths.qualify, committed)
+                                         transform, paths.qualify, committed, heartbeat)
     else:
-        summary = _score_at_once(transform(df), paths, args.output)
+        logger.info("scoring %r into %r", args.input, args.output)
+        summary = _score_at_once(transform(df), paths, args.output, heartbeat)
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
                 "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
                 summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
@@ -263,11 +266,22 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     return summary
 
 
-def _score_at_once(scored: tuple[Any, Any], paths: Paths, output: str) -> dict:
+def _score_at_once(scored: tuple[Any, Any], paths: Paths, output: str,
+                   heartbeat: Heartbeat) -> dict:
     """Write the scored input as one output (:func:`_publish`); the job's figures."""
     frame, observation = scored
     started = time.perf_counter()
-    _publish(frame, paths, output)
+
+    def line(tasks: Tasks) -> str:
+        elapsed = time.perf_counter() - started
+        if tasks is None:
+            return f"scoring: no Spark stage running, {clock(elapsed)} elapsed"
+        done, total = tasks
+        return (f"scoring: {done} of {total} tasks, {clock(elapsed)} elapsed, "
+                f"ETA {eta(elapsed, done, total)}")
+
+    with heartbeat.beating(line):
+        _publish(frame, paths, output)
     seconds = time.perf_counter() - started
     figures = observation.get
     rows = int(figures["rows"])
