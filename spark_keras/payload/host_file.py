@@ -18,7 +18,8 @@ Protocol, for processes that may start, die or race at any moment:
   across a discard;
 * a folder that cannot be written (full, read-only, denied) raises
   :class:`LocalWriteError` naming it, with no temporary file left behind: the caller
-  can still build from the payload in memory;
+  can still build from the payload in memory; a source that fails (the network) raises
+  its own error, never that one, and a file whose write raised is never published;
 * a process that builds on the file counts itself among its users (:func:`join`: a
   shared ``flock`` on ``<name>.users``, which the kernel also releases when the process
   dies); :func:`leave` removes the file with its last user (Dask), and :func:`reclaim`
@@ -103,10 +104,12 @@ def _write_checked(write: Callable[[BinaryIO], Any], key: str, nbytes: int, f: B
 @contextlib.contextmanager
 def _local_failures(folder: str, path: str) -> Iterator[None]:
     """OSErrors raised inside as :class:`LocalWriteError` naming the folder; spark_keras's
-    own errors (a :class:`StorageError` reading the source, a :class:`PayloadError`) pass."""
+    own errors (a :class:`StorageError` reading the source, a :class:`PayloadError`, a
+    ``ChannelError``) pass, and so do network errors a source raises as they are (a reset,
+    a timeout): they are not the folder's, and must not send the caller to a private copy."""
     try:
         yield
-    except SparkKerasError:
+    except (SparkKerasError, ConnectionError, TimeoutError):
         raise
     except OSError as exc:
         raise LocalWriteError(f"cannot write the payload file {os.path.basename(path)!r} in "
@@ -152,7 +155,7 @@ def _remove_stale(path: str) -> None:
 def _complete(path: str, nbytes: int) -> bool:
     try:
         return os.stat(path).st_size == nbytes
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the folder's own problem: named when written
         return False
 
 

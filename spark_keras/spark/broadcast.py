@@ -18,9 +18,9 @@ from ..inference.predictor import predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature, signature_of
 from ..payload.shipment import Shipment
-from . import driver_payload, resources, task_version, version_server, versions
+from . import driver_payload, resources, shipped_objects, task_version, version_server, versions
 from .environment import check_environment
-from .transport import ServedTransport, Transport, is_connect, transport_for
+from .transport import ServedTransport, Transport, file_digest, is_connect, transport_for
 
 logger = logging.getLogger("spark_keras")
 
@@ -157,13 +157,14 @@ class BroadcastModel(ModelHandle):
         self._recipe = Shipment.recipe_of(model, custom_objects=self._custom_objects,
                                           safe_mode=self._safe_mode)
         self._server = server
+        self._application = spark  # where update() adds new custom objects' files
         self._versions: version_server.Address | None = server.address
         self._version, self._index, self._first_label = label, 1, label
         self._lock = threading.Lock()  # update(), unpersist(), destroy() one at a time
 
         def keep() -> ServedTransport:  # the driver's copy, where transport_for needs one
-            payload.path = server.keep_payload(self._name, 1, payload.kept)
-            return ServedTransport(server.address, self._name, 1)
+            payload.path = kept = server.keep_payload(self._name, 1, payload.kept)
+            return ServedTransport.of(server.address, self._name, 1, kept)  # its digest fixed
 
         self._transport = transport_for(spark, self._key, payload, keep, ship)
         self._schedule: versions.Schedule | None = versions.Schedule(
@@ -321,8 +322,13 @@ class BroadcastModel(ModelHandle):
             versions.check_fits(self.signature, signature_of(model))
             recipe = Shipment.recipe_of(model, custom_objects=objects, safe_mode=self._safe_mode)
             payload.to_file(self._server.new_file)  # the slow part, before the lock
-            source = {"objects": version_server.objects_text(recipe.objects),
-                      "safe_mode": self._safe_mode,
+            assert payload.path is not None, "to_file() puts the payload in the driver's file"
+            # what the driver's answer tells workers (safe_mode is the handle's, in the
+            # plan): the payload's digest, and that of custom objects other than the
+            # handle's own, which Spark ships (no pickle in an answer)
+            source = {"sha256": file_digest(payload.path),
+                      "objects": shipped_objects.ship(self._application, recipe.objects,
+                                                      self._recipe.objects),
                       "stored": None if stored is None else dataclasses.asdict(stored)}
             with self._lock:
                 self.check_usable()
@@ -546,7 +552,7 @@ class BroadcastModel(ModelHandle):
             raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
         state = dict(self.__dict__, _model=None, _stale=tuple(_released), _schedule=None,
                      _watch=None, _custom_objects=None, _server=None, _lock=None,
-                     _finalizer=None,
+                     _finalizer=None, _application=None,
                      # a worker's handle is the first version (its own transport and
                      # recipe); the one current when it was pickled is asked for
                      _version=self._first_label, _index=1, _planned=self._index)

@@ -1,22 +1,38 @@
 """In a worker: the version of a BroadcastModel that the running Spark task scores with.
 
 The task's scope (:func:`~.versions.scope_of`: its micro-batch, SQL execution or stage)
-is asked of the driver once per process (:func:`.version_server.ask`); the answer also
-lists the versions released, whose models this process drops, and whose payload files
-leave the executor, before the task goes on.
+is asked of the driver once per process (:func:`.version_server.ask`), and the answer
+this process settles on is kept for the scope: every task of a micro-batch or action
+scores with one version. The answer also lists the versions released, whose models this
+process drops, and whose payload files leave the executor, before the task goes on.
+
+What the worker acts on comes through Spark's own channel or is authenticated: the
+answer arrives over the driver's pinned TLS channel and carries a version's payload
+digest and, for custom objects other than the handle's own, only their digest (the
+objects themselves are files Spark ships, :mod:`.shipped_objects`); ``safe_mode`` is
+the handle's, from the plan, whatever the answer says.
+
+A driver slow to answer (a timeout, a connection reset, while its port still accepts
+connections) is asked again for up to :data:`SLOW_DRIVER_WAIT` seconds; only a driver
+that cannot be reached at all (connection refused, no route to it, a port that does not
+accept connections: a firewall) leaves the plan's version, warned once.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import errno
 import logging
+import re
+import socket
+import time
 from typing import Any
 
 from ..cache import model_cache
 from ..errors import ChannelError, SparkKerasError
-from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
-from . import version_server
+from . import channel_client, shipped_objects, version_server
 from .transport import ServedTransport, StorageTransport
 from .versions import SCOPE_PROPERTIES, scope_of
 
@@ -26,10 +42,16 @@ logger = logging.getLogger("spark_keras")
 # the driver destroyed or unpersisted)
 dropped: set[str] = set()
 # (handle name, scope) -> the handle of the version the scope scores with (None: the
-# handle itself, its first version)
+# handle itself, its first version, or the plan's when the driver cannot be reached)
 _chosen: dict[tuple[str, str | None], Any] = {}
 _unreachable_warned: set[str] = set()
 _MAX_CHOSEN = 1000
+# seconds a worker keeps asking a driver that does not answer (timeouts, resets)
+SLOW_DRIVER_WAIT = 180.0
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# what a connection attempt meets when the driver cannot be reached at all
+_UNREACHABLE = {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN,
+                errno.EHOSTDOWN, errno.EADDRNOTAVAIL}
 
 
 def task_scope() -> tuple[bool, str | None]:
@@ -47,13 +69,14 @@ def version_for(handle: Any, scope: str | None) -> Any:
     """``handle`` (a BroadcastModel unpickled here) as the version the driver says
     ``scope`` scores with; the versions it says are released are dropped first. A driver
     that cannot be reached leaves the handle as its plan was made (warned once), unless
-    the plan was made with a later version than the handle's own."""
+    the plan was made with a later version than the handle's own. Either way the
+    outcome is kept for ``scope``."""
     if (handle._name, scope) in _chosen:
         return _chosen[(handle._name, scope)] or handle
     address = handle._versions
     try:
-        answer = version_server.ask(address, handle._name, scope)
-    except ChannelError as exc:
+        answer = _ask(address, handle._name, scope)
+    except ChannelError as exc:  # the driver cannot be reached at all
         if handle._planned != 1:
             raise SparkKerasError(
                 f"cannot reach the driver at {address.url} for the version of model "
@@ -64,7 +87,7 @@ def version_for(handle: Any, scope: str | None) -> Any:
             logger.warning("cannot reach the driver at %s for model versions (%s): scoring with "
                            "the version this plan was made with; update() does not reach this "
                            "query", address.url, exc)
-        return handle
+        return _keep(handle._name, scope, None) or handle
     for gone in answer["released"]:
         if gone["key"] not in dropped:
             model_cache.drop(gone["key"])
@@ -73,22 +96,89 @@ def version_for(handle: Any, scope: str | None) -> Any:
             dropped.add(gone["key"])
     version = answer["version"]
     chosen = None if version["index"] == 1 else _as_version(handle, version)
+    return _keep(handle._name, scope, chosen) or handle
+
+
+def _keep(name: str, scope: str | None, chosen: Any) -> Any:
     if len(_chosen) > _MAX_CHOSEN:
         _chosen.clear()
-    _chosen[(handle._name, scope)] = chosen
-    return chosen or handle
+    _chosen[(name, scope)] = chosen
+    return chosen
+
+
+def _ask(address: Any, name: str, scope: str | None) -> dict[str, Any]:
+    """The driver's answer, asked again while it does not come (a timeout, a reset) but
+    its port accepts connections, for up to :data:`SLOW_DRIVER_WAIT` seconds.
+
+    Raises:
+        ChannelError: the driver cannot be reached at all (refused, no route, a port
+            that accepts no connection).
+        SparkKerasError: it did not answer within :data:`SLOW_DRIVER_WAIT` seconds.
+    """
+    started = time.monotonic()
+    delay, attempts = 1.0, 0
+    while True:
+        attempts += 1
+        try:
+            return version_server.ask(address, name, scope)
+        except ChannelError as exc:
+            if _unreachable(exc) or not _listening(address):
+                raise
+            waited = time.monotonic() - started
+            if waited + delay > SLOW_DRIVER_WAIT:
+                raise SparkKerasError(
+                    f"the driver at {address.url} did not answer which version of model {name} "
+                    f"this task scores with within {waited:.0f} s ({attempts} attempts; the "
+                    f"last: {exc}): the driver is overloaded, or something on the path drops "
+                    f"the connection") from exc
+            logger.warning("the driver at %s did not answer for model %s (%s); asking again "
+                           "in %.0f s", address.url, name, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 15.0)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True if ``exc`` (or what caused it) says the driver cannot be reached at all, not
+    that it was slow or the connection broke."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        if isinstance(cause, OSError) and not isinstance(cause, TimeoutError) \
+                and cause.errno in _UNREACHABLE:
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _listening(address: Any) -> bool:
+    """True if a TCP connection to the driver's port is accepted: its kernel answers, so
+    the driver is there but slow (a silent firewall, or no route, times out here too)."""
+    try:
+        with socket.create_connection((address.host, address.port),
+                                      timeout=min(channel_client.TIMEOUT, 10.0)):
+            return True
+    except OSError:
+        return False
 
 
 def _as_version(handle: Any, version: dict[str, Any]) -> Any:
     """A copy of ``handle`` building ``version`` (the driver's answer): its payload read
-    from the driver, or from storage for a URI (from the driver if it changed there)."""
-    source = version["source"]
-    served = ServedTransport(handle._versions, handle._name, version["index"])
+    from the driver, checked against the digest the answer carries, or from storage for
+    a URI (from the driver if it changed there); its custom objects the handle's own, or
+    the file Spark shipped of them (checked); ``safe_mode`` always the handle's."""
+    source, index, name = version["source"], version["index"], handle._name
+    digest = source.get("sha256")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise SparkKerasError(f"the driver's answer for model {name} version {index} carries "
+                              f"no payload digest ({str(digest)[:80]!r}): refused")
+    served = ServedTransport(handle._versions, name, index, digest)
+    objects = handle._recipe.objects if source.get("objects") is None else \
+        shipped_objects.fetch(source["objects"], name, index)
     chosen = copy.copy(handle)
     chosen._key, chosen._nbytes, chosen._version = version["key"], version["nbytes"], version["label"]
-    chosen._index, chosen._versions = version["index"], None
-    chosen._recipe = Shipment(b"", version_server.objects_bytes(source["objects"]),
-                              source["safe_mode"])
-    chosen._transport = served if source["stored"] is None else \
+    chosen._index, chosen._versions = index, None
+    chosen._recipe = dataclasses.replace(handle._recipe, objects=objects)
+    chosen._transport = served if source.get("stored") is None else \
         StorageTransport(StoredModel(**source["stored"]), handle._transport.rdds, served)
     return chosen

@@ -12,6 +12,9 @@
   shipped but the URI; the first worker of an executor that needs the model reads it
   straight from storage into the executor's folder, checked against the driver's
   digest, and every worker maps that file.
+* :class:`ServedTransport`: the payload streamed from the driver's copy
+  (:mod:`.version_server`; ``ship="driver"``, the versions ``update`` ships, a URI's
+  file changed in storage), refused unless its SHA-256 is the one the driver fixed.
 
 The model's custom objects and ``safe_mode`` (the payload-less :class:`Shipment`)
 travel in the handle itself: small, and needed before any payload is touched.
@@ -21,13 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
+import hmac
 import logging
 import os
 import tempfile
-from typing import Any, Callable
+import time
+from typing import Any, BinaryIO, Callable, cast
 
 from .. import flavour
-from ..errors import PayloadChangedError, PayloadError, SparkKerasError
+from ..errors import ChannelError, PayloadChangedError, PayloadError, SparkKerasError
 from ..payload import host_file
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
@@ -309,21 +315,64 @@ class StorageTransport(Transport):
 @dataclasses.dataclass(frozen=True)
 class ServedTransport(Transport):
     """A version's payload read from the driver (:mod:`.version_server`): the versions
-    ``update`` shipped. The first worker of an executor that needs it writes it to the
-    executor's folder; every worker maps that file."""
+    ``update`` shipped, and a first version shipped ``"driver"``. The first worker of an
+    executor that needs it writes it to the executor's folder; every worker maps that
+    file.
+
+    ``sha256`` is the payload file's digest, fixed by the driver when it kept its copy
+    (:func:`file_digest`) and carried by the handle (a first version) or the driver's
+    authenticated answer (later ones): the download is hashed as it is written and
+    refused, before anything uses it, unless it matches. A download the network cuts
+    (reset, stalled, refused) is tried again, from the start of the same file, up to
+    :data:`DOWNLOAD_ATTEMPTS` times: only a failure to write the local file is the
+    folder's (:class:`~spark_keras.errors.LocalWriteError`)."""
 
     address: Any  # version_server.Address
     name: str
     index: int
+    sha256: str
+
+    @classmethod
+    def of(cls, address: Any, name: str, index: int, path: str) -> "ServedTransport":
+        """The transport of version ``index`` of ``name``, whose copy the driver keeps at
+        ``path``: its digest is fixed now."""
+        return cls(address, name, index, file_digest(path))
 
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
         return _build_written(recipe, key, nbytes, share_weights, self.write, self.read)
 
     def write(self, out: Any) -> None:
+        """Write the payload into ``out`` (an open file, or a buffer), from its start;
+        raises :class:`~spark_keras.errors.PayloadError` if it is not the payload whose
+        digest the driver fixed (``out`` then holds bytes nobody may use)."""
         from . import version_server
 
-        version_server.download(self.address, self.name, self.index, out)
+        delay = 1.0
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            out.seek(0)
+            out.truncate()
+            hashing = _Hashing(out)
+            try:
+                version_server.download(self.address, self.name, self.index,
+                                        cast(BinaryIO, hashing))  # download() only writes
+                break
+            except ChannelError as exc:
+                if attempt == DOWNLOAD_ATTEMPTS:
+                    raise ChannelError(f"cannot download version {self.index} of model "
+                                       f"{self.name} from the driver ({attempt} attempts): "
+                                       f"{exc}") from exc
+                logger.warning("the download of version %d of model %s from the driver failed "
+                               "(%s); trying again in %.0f s", self.index, self.name, exc, delay)
+                time.sleep(delay)
+                delay *= 2
         out.flush()
+        found = hashing.hexdigest()
+        if not hmac.compare_digest(found, self.sha256):
+            raise PayloadError(
+                f"the payload of model {self.name} version {self.index} from the driver has "
+                f"sha256 {found}, not {self.sha256}, the digest the driver fixed when it "
+                f"shipped it: it was altered after it was shipped; refused, nothing was "
+                f"built from it")
 
     def read(self) -> bytes:
         import io
@@ -331,6 +380,30 @@ class ServedTransport(Transport):
         buffer = io.BytesIO()
         self.write(buffer)
         return buffer.getvalue()
+
+
+# downloads from the driver that the network cut, tried again (1, 2, 4 s apart)
+DOWNLOAD_ATTEMPTS = 4
+
+
+class _Hashing:
+    """A file to write whose bytes are hashed on their way in."""
+
+    def __init__(self, out: Any) -> None:
+        self._out, self._hash = out, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self._hash.update(data)
+        return self._out.write(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 (hex) of the file at ``path``."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _build_written(recipe: Shipment, key: str, nbytes: int, share_weights: bool,

@@ -5,8 +5,10 @@ Connect), started by the first BroadcastModel, answers two requests, each carryi
 server's secret token:
 
 * ``GET /resolve?name=<handle>&scope=<scope>``: the version that scope scores with,
-  and the versions released (JSON); a scope not of the forms :func:`.versions.scope_of`
-  makes is refused (400) before it reaches the schedule;
+  and the versions released (JSON: a version's payload SHA-256, and that of its custom
+  objects when Spark ships them, :mod:`.shipped_objects`; never a pickle); a scope not
+  of the forms :func:`.versions.scope_of` makes is refused (400) before it reaches the
+  schedule;
 * ``GET /payload?name=<handle>&index=<n>``: a version's payload bytes (the driver keeps
   a copy of each version it shipped itself or read from storage, until ``destroy`` or
   until the handle is garbage-collected; 410 if that copy was deleted).
@@ -37,7 +39,6 @@ start removes those of this user's dead processes.
 from __future__ import annotations
 
 import atexit
-import base64
 import collections
 import contextlib
 import errno
@@ -61,7 +62,7 @@ from .channel_server import Answer, Channel, Refused
 from .versions import Schedule, Version, active_context, in_context
 
 __all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_if_idle", "driver_host",
-           "bind_address", "objects_text", "objects_bytes"]
+           "bind_address"]
 
 logger = logging.getLogger("spark_keras")
 
@@ -432,12 +433,3 @@ def bind_address(spark: Any, connect: bool) -> str | None:
         return None  # the Connect server's settings are not this process's
     sc = getattr(spark, "sparkContext", spark)
     return sc.getConf().get("spark.driver.bindAddress") or None
-
-
-def objects_text(objects: bytes) -> str:
-    """A shipment's custom objects (cloudpickle bytes) as JSON text."""
-    return base64.b64encode(objects).decode()
-
-
-def objects_bytes(text: str) -> bytes:
-    return base64.b64decode(text)
