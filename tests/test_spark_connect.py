@@ -317,3 +317,32 @@ def test_keyed_models_on_connect(connect):
 def test_custom_layer_from_main_on_connect(connect, tmp_path):
     connect.stop()  # the script starts its own local server, on the same port
     run_script(tmp_path, MAIN_DRIVER, "CONNECT-MAIN-OK", timeout=400)
+
+
+def test_an_update_with_new_custom_objects_on_connect(connect):
+    """update() to a model whose class the workers cannot import (defined here: pickled by
+    value) ships its custom objects as a file artifact of the session, which workers read
+    checked by the digest in the driver's answer (never a pickle over the driver's
+    channel): the action scores every row with the new version, exactly."""
+    import keras
+
+    class Triple(keras.layers.Layer):  # not importable in a worker
+        def call(self, t):
+            return t * 3.0
+
+    v1 = models.mlp(n_features=8, hidden=16, name="cobj1")
+    v2 = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                           keras.layers.Dense(1), Triple()])
+    x = np.random.default_rng(5).standard_normal((12, 8), dtype=np.float32)
+    df = connect.createDataFrame([(i, x[i].tolist()) for i in range(len(x))],
+                                 "id long, features array<float>").repartition(2)
+    bm = sk.BroadcastModel(connect, v1)
+    try:
+        assert bm.update(v2) == "2"
+        assert isinstance(bm._schedule.versions[2].source["objects"], str)  # shipped, by digest
+        got = bm.transform(df, "features", version_col="v").orderBy("id").toPandas()
+        assert set(got.v) == {"2"}
+        np.testing.assert_allclose(got.prediction.to_numpy(np.float32),
+                                   _exact(v2, [x])[0].reshape(-1), rtol=1e-5, atol=1e-6)
+    finally:
+        bm.destroy()
