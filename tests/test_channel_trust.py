@@ -20,6 +20,7 @@ import os
 import pickle
 import socket
 import struct
+import textwrap
 import threading
 import time
 
@@ -38,7 +39,7 @@ from spark_keras.spark.version_server import Address, Server
 from spark_keras.spark.versions import Schedule, Version
 
 from . import models
-from .conftest import build_records
+from .conftest import REPO_ROOT, build_records, run_script
 
 
 class Relay:
@@ -445,3 +446,59 @@ def test_a_port_that_drops_connections_is_unreachable_not_slow(monkeypatch):
             assert task_version.version_for(handle, "sql:900010") is handle
             assert time.monotonic() - started < 10.0
             assert task_version._chosen[("dropped", "sql:900010")] is None  # kept
+
+
+# --- across executors, with Spark's own security on ----------------------------------------
+
+_NEW_OBJECTS_ACROSS_EXECUTORS = textwrap.dedent("""
+    import numpy as np, sys, keras
+    from pyspark.sql import SparkSession
+    import spark_keras as sk
+    from spark_keras.inference import predictor_for
+    from tests import models
+
+    class Triple(keras.layers.Layer):  # in this script's __main__: no executor imports it
+        def call(self, t):
+            return t * 3.0
+
+    if __name__ == "__main__":
+        spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
+                 .config("spark.authenticate", "true")
+                 .config("spark.authenticate.secret", "a-shared-secret-for-this-test")
+                 .config("spark.network.crypto.enabled", "true")
+                 .config("spark.driver.host", "127.0.0.1")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.pyspark.python", sys.executable)
+                 .config("spark.executorEnv.PYTHONPATH", "{root}")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        x = np.random.default_rng(0).standard_normal((40, 8), dtype=np.float32)
+        df = spark.createDataFrame([(i, x[i].tolist()) for i in range(40)],
+                                   "id long, features array<float>").repartition(8)
+        v2 = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                               keras.layers.Dense(1), Triple()])
+        bm = sk.BroadcastModel(spark, models.mlp(name="across1"))
+        scored = bm.transform(df, "features", version_col="v")
+        assert set(scored.toPandas().v) == {{"1"}}
+        bm.update(v2)
+        assert isinstance(bm._schedule.versions[2].source["objects"], str)
+        got = scored.toPandas().sort_values("id")
+        assert set(got.v) == {{"2"}}
+        np.testing.assert_allclose(got.prediction.to_numpy(np.float32),
+                                   predictor_for(v2)([x], 1024)[0].reshape(-1), rtol=1e-5, atol=1e-6)
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+        assert executors == 2, executors
+        bm.destroy()
+        spark.stop()
+        print("ACROSS OK")
+""")
+
+
+@pytest.mark.slow  # a cluster of its own: 1-4 min
+def test_new_custom_objects_reach_other_executors_through_sparks_authenticated_files(tmp_path):
+    """On a local cluster (executors in JVMs of their own) with spark.authenticate and
+    network encryption on: an update whose class only the driver's ``__main__`` defines
+    reaches both executors through Spark's file server, and a DataFrame planned before
+    the update scores every row with it, exactly."""
+    run_script(tmp_path, _NEW_OBJECTS_ACROSS_EXECUTORS.format(root=REPO_ROOT), "ACROSS OK",
+               timeout=400)
