@@ -452,3 +452,54 @@ def test_connect_progress_counts_the_stages_not_done():
                         done=False)]
     assert running_tasks(stages) == (3, 10)
     assert running_tasks(stages[:1]) is None and running_tasks([]) is None
+
+
+@pytest.mark.slow  # two jobs on a local Spark Connect server of their own: 2-4 minutes
+@pytest.mark.timeout(900)
+def test_connect_resumes_with_the_clients_paths_and_progress(data, tmp_path):
+    """``--remote local[2]`` from the data folder with relative paths: the commits are
+    made with pyarrow on the client, a rerun after a group was lost mid-commit scores that
+    group only and gives the same output bit for bit; progress lines come from the
+    client's progress handler."""
+    pytest.importorskip("grpc")
+    pytest.importorskip("zstandard")
+    shutil.copytree(data / "flat", tmp_path / "in")
+    shutil.copy(data / "model.skp", tmp_path / "model.skp")
+    one_file = os.path.getsize(tmp_path / "in" / "part-0.parquet")
+    common = ["--remote", "local[2]", "--model", "model.skp", "--input", "in", "--output",
+              "out", "--features", "features", "--resume", "--commit-bytes",
+              str(2 * one_file + 10), "--conf", "spark.connect.progress.reportInterval=100ms"]
+    first = run_score_job(*common, "--progress", "--progress-seconds", "0.2", cwd=tmp_path)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    groups = json.loads((tmp_path / "out" / "_spark_keras" / "manifest.json").read_text())["groups"]
+    assert len(groups) >= 2 and first.stdout.strip().endswith(
+        f"rows_skipped=0 groups={len(groups)} groups_skipped=0"), first.stdout
+    beats = [line for line in first.stderr.splitlines() if "; group " in line]
+    assert running_tasks_in(beats), first.stderr[-3000:]  # the server's reports reached us
+    out = tmp_path / "out"
+    expected, bits = read_arrow_sorted(out)
+    assert expected["id"].tolist() == list(range(6 * ROWS))
+
+    log = out / "_spark_keras" / "commits"
+    last = f"g{len(groups) - 1:05d}"
+    record = json.loads((log / f"{last}.json").read_text())
+    (log / f"{last}.json").rename(log / f"{last}.moving.json")
+    (out / record["files"][0]).unlink()  # lost mid-commit: the group is scored again
+    (out / "_SUCCESS").unlink()
+    second = run_score_job(*common, "--metrics-json", "metrics.json", cwd=tmp_path)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert " INFO " not in second.stderr  # no progress lines when stderr is not a terminal
+    figures = json.loads((tmp_path / "metrics.json").read_text())
+    assert (figures["rows"], figures["rows_skipped"], figures["groups"]) == \
+        (len(groups[-1]) * ROWS, (6 - len(groups[-1])) * ROWS, 1), figures
+    found, again = read_arrow_sorted(out)
+    assert found["id"].tolist() == list(range(6 * ROWS))
+    assert again.view(np.uint32).tolist() == bits.view(np.uint32).tolist()
+    assert (out / "_SUCCESS").exists() and not list(log.glob("*.moving.json"))
+
+
+def read_arrow_sorted(out):
+    """The output as pyarrow's dataset reader sees it, by id (a second reader beside Spark's:
+    the names starting with ``_`` are hidden from it too)."""
+    frame = pq.read_table(str(out)).to_pandas().sort_values("id").reset_index(drop=True)
+    return frame, np.stack(frame["prediction"].to_numpy()).astype("float32")
