@@ -10,7 +10,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-slow test-bench test-compat lint demo bench bench-tf-keras fuzz check-java venv clean
+.PHONY: test test-slow test-bench test-compat lint demo bench bench-tf-keras fuzz fuzz-engine check-java venv clean
 
 venv: $(STAMP)
 
@@ -72,6 +72,14 @@ bench-tf-keras: check-java $(STAMP)
 fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris==3.0.0
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-300} $(PY) fuzz/atheris_payload.py
+
+# The scoring engine against its differential oracle on generated cases (tests/differential):
+# rounds of random cases, a fresh seed each, until FUZZ_SECONDS (600 by default) have passed.
+# A failure prints its shrunk case and seed: FUZZ_SEED=<seed> make fuzz-engine reruns that
+# round; FUZZ_OPEN=1 also draws the defects found and not fixed yet (strategies.OPEN_DEFECTS).
+fuzz-engine: $(STAMP)
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} $(PY) -m pytest -q -p no:cacheprovider -p tests.differential.profiles \
+	  --hypothesis-profile=fuzz -o timeout=0 tests/differential/test_generated.py::test_fuzz_the_engine $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-spark35 .venv-tfkeras build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out

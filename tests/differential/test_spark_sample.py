@@ -1,0 +1,235 @@
+"""A sample of the generated cases through the Spark front-ends on the shared session
+(issue 44, item 3): ``transform`` (with ``error_col``), ``predict_udf``,
+``predict_partition`` and ``KeyedModels.transform``, each row compared with the engine's
+answer for the same case (:func:`.harness.run`, itself checked against the oracle by
+:mod:`.test_generated`): the same rows null, the same reason's stage, every other row's
+outputs within 1e-5 (Spark's batches are not the engine's: partitions split the rows).
+
+Cases are those of :func:`.strategies.cases` that a Spark column holds (no ``bytes`` among
+strings) and no failure of a batch's composition (guard ``together``), under
+``on_invalid="null"`` (a failing row's error under ``"error"`` is the engine's, whose
+naming of rows by batch Spark's partitions change)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from .cases import PREPROCESS, Case, Options
+from .harness import _same, run
+from .profiles import profile
+from .recipes import Recipe, build
+from .strategies import cases
+
+pytestmark = pytest.mark.timeout(900)
+
+FRONTENDS = ("transform", "predict_udf", "predict_partition")
+SAMPLE = 5  # cases per front-end
+SPARK_TYPES = {"vector": "array<double>", "features": "array<double>",
+               "sequence": "array<array<float>>", "steps2": "array<array<float>>",
+               "tokens": "array<int>", "text": "string"}
+
+
+def _spark_ready(case: Case) -> bool:
+    """Whether Spark's batches give the engine's answer: no failure of a batch's
+    composition (Spark's batches are other than the engine's), no bytes in a text column."""
+    return not case.composition and not any(
+        isinstance(cell, bytes) for row in case.rows for cell in row)
+
+
+def spark_cases() -> st.SearchStrategy[Case]:
+    """Generated cases for Spark: at most 16 rows, ``on_invalid="null"``, Spark's options
+    only (batch size, buckets), ids as Spark gives them (none)."""
+    def spark_options(case: Case) -> Case:
+        o = case.options
+        return dataclasses.replace(case, options=Options(batch_size=o.batch_size, buckets=o.buckets,
+                                                         frontend="rows"))
+    return cases(max_rows=16, families=("dense", "seq", "tokens", "text", "pair")) \
+        .filter(_spark_ready).map(spark_options)
+
+
+class _Handles:
+    """One BroadcastModel per (recipe, preprocess) for the module, destroyed at its end."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.made: dict[tuple[Recipe, str | None], Any] = {}
+
+    def __call__(self, recipe: Recipe, preprocess: str | None) -> Any:
+        import spark_keras as sk
+
+        key = (recipe, preprocess)
+        if key not in self.made:
+            self.made[key] = sk.BroadcastModel(
+                self.spark, build(recipe), preprocess=PREPROCESS[preprocess] if preprocess else None)
+        return self.made[key]
+
+    def destroy(self) -> None:
+        for bm in self.made.values():
+            bm.destroy()
+
+
+@pytest.fixture(scope="module")
+def handles(spark):
+    made = _Handles(spark)
+    yield made
+    made.destroy()
+
+
+def frame(spark: Any, case: Case, keys: list[Any] | None = None, key_type: str = "long") -> Any:
+    """The case's rows as a DataFrame of two partitions: ``id``, (``key``), the columns."""
+    columns = case.columns()
+    schema = ", ".join(["id long"] + ([f"key {key_type}"] if keys is not None else [])
+                       + [f"{name} {SPARK_TYPES[kind]}" for name, kind in columns])
+    rows = [(i, *([keys[i]] if keys is not None else []), *row) for i, row in enumerate(case.rows)]
+    return spark.createDataFrame(rows, schema).repartition(2, "id")
+
+
+def _outputs(value: Any, names: list[str]) -> dict[str, Any] | None:
+    """A Spark row's prediction (a struct for several outputs) as output name -> value."""
+    if value is None:
+        return None
+    if hasattr(value, "asDict"):
+        return value.asDict(recursive=True)
+    if isinstance(value, dict):
+        return value
+    return {names[0]: value}
+
+
+def scored(bm: Any, spark: Any, case: Case, frontend: str) -> dict[int, tuple[Any, str | None]]:
+    """Row id -> (its outputs or None, its error column where the front-end has one)."""
+    df = frame(spark, case)
+    cols = [name for name, _ in case.columns()]
+    kw = dict(batch_size=case.options.batch_size, on_invalid="null", buckets=case.options.buckets)
+    names = list(build(case.recipe).output_names) if len(build(case.recipe).outputs) > 1 \
+        else ["prediction"]
+    if frontend == "transform":
+        rows = bm.transform(df, cols, error_col="error", **kw).collect()
+        return {r.id: (_outputs(r.prediction, names), r.error) for r in rows}
+    if frontend == "predict_udf":
+        rows = df.select("id", bm.predict_udf(**kw)(*cols).alias("p")).collect()
+        return {r.id: (_outputs(r.p, names), None) for r in rows}
+
+    def part(rows: Any) -> Any:  # Rows: their fields but the id by name, as preprocess reads them
+        rows = list(rows)
+        return zip([r.id for r in rows], bm.predict_partition(rows, id_col="id", **kw))
+    got = df.select("id", *cols).rdd.mapPartitions(part).collect()
+    return {i: (_outputs(p, names), None) for i, p in got}
+
+
+def compare(case: Case, got: dict[int, tuple[Any, str | None]], frontend: str,
+            engine: Any = None) -> list[str]:
+    """Every row's difference from the engine's answer on the case."""
+    seen = engine or run(case)
+    assert seen.error is None and seen.invalid is not None, seen.error
+    problems = []
+    if sorted(got) != list(range(case.n)):
+        return [f"{frontend}: rows {sorted(got)} of {case.n}"]
+    for i in range(case.n):
+        outputs, error = got[i]
+        if bool(seen.invalid[i]) != (outputs is None):
+            problems.append(f"{frontend}: row {i} is {'null' if outputs is None else 'scored'}; "
+                            f"the engine's is {'null' if seen.invalid[i] else 'scored'} ({error})")
+            continue
+        if outputs is None:
+            want = str(seen.reasons[i]).split(":", 1)[0]
+            if error is not None and error.split(":", 1)[0] != want:
+                problems.append(f"{frontend}: row {i}'s reason {error!r}; the engine's stage {want!r}")
+            continue
+        for name, value in (seen.rows[i] or {}).items():
+            if not _same(outputs.get(name), value, False):
+                problems.append(f"{frontend}: row {i}'s {name!r} is {outputs.get(name)!r}, the "
+                                f"engine's {value!r}")
+    return problems
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_spark_front_ends_agree_with_the_engine(spark, handles, frontend):
+    def one(case: Case) -> None:
+        bm = handles(case.recipe, case.preprocess)
+        engine = run(case)
+        if engine.refused is not None:  # buckets refused: by the front-end too, saying why
+            with pytest.raises(Exception, match=re.escape(str(engine.refused).split(": ", 1)[1][:60])):
+                scored(bm, spark, case, frontend)
+            return
+        problems = compare(case, scored(bm, spark, case, frontend), frontend, engine)
+        assert not problems, "\n  - ".join([f"case: {case!r}", *problems])
+
+    settings = profile("ci")
+    settings = type(settings)(settings, max_examples=SAMPLE)
+    settings(given(spark_cases())(one))()
+
+
+KEYS = {"long": (7, 42, 99), "int": (7, 42, 99), "string": ("k7", "k42", "k99")}  # two, unknown
+
+
+@pytest.fixture(scope="module")
+def keyed(spark):
+    """One KeyedModels per (recipe, preprocess, key type): the case's model under the first
+    key, the same model with other weights under the second."""
+    import spark_keras as sk
+
+    made: dict[Any, Any] = {}
+
+    def get(recipe: Recipe, preprocess: str | None, key_type: str) -> Any:
+        if (recipe, preprocess, key_type) not in made:
+            first, second, _ = KEYS[key_type]
+            other = dataclasses.replace(recipe, seed=1 - recipe.seed)
+            made[recipe, preprocess, key_type] = sk.KeyedModels(
+                spark, {first: build(recipe), second: build(other)},
+                preprocess=PREPROCESS[preprocess] if preprocess else None)
+        return made[recipe, preprocess, key_type]
+
+    yield get
+    for km in made.values():
+        km.destroy()
+
+
+@pytest.mark.slow
+def test_keyed_models_agree_with_the_engine(spark, keyed):
+    """Each row's key drawn from the two keys, an unknown key and null: a known key's rows
+    are the engine's answer for them with that key's model, the others null with a
+    ``key:`` reason."""
+    def one(case: Case, key_type: str, data: Any) -> None:
+        picks = data.draw(st.lists(st.sampled_from((0, 0, 1, 1, 2, None)), min_size=case.n,
+                                   max_size=case.n), label="keys")
+        values = [None if p is None else KEYS[key_type][p] for p in picks]
+        km = keyed(case.recipe, case.preprocess, key_type)
+        refused = run(case).refused
+        if refused is not None:  # buckets refused: by KeyedModels too
+            with pytest.raises(Exception, match=re.escape(str(refused).split(": ", 1)[1][:60])):
+                km.transform(frame(spark, case, values, "string" if key_type == "string" else key_type),
+                             [name for name, _ in case.columns()], key="key", on_invalid="null",
+                             buckets=case.options.buckets).collect()
+            return
+        df = frame(spark, case, values, "string" if key_type == "string" else key_type)
+        cols = [name for name, _ in case.columns()]
+        names = list(build(case.recipe).output_names) if len(build(case.recipe).outputs) > 1 \
+            else ["prediction"]
+        rows = km.transform(df, cols, key="key", on_invalid="null", error_col="error",
+                            batch_size=case.options.batch_size, buckets=case.options.buckets).collect()
+        got = {r.id: (_outputs(r.prediction, names), r.error) for r in rows}
+        problems = [] if sorted(got) == list(range(case.n)) else [f"rows {sorted(got)} of {case.n}"]
+        for p in (0, 1):
+            mine = [i for i in range(case.n) if picks[i] == p]
+            recipe = case.recipe if p == 0 else dataclasses.replace(case.recipe, seed=1 - case.recipe.seed)
+            sub = Case(recipe, [case.rows[i] for i in mine], case.preprocess, case.options)
+            if mine:
+                problems += compare(sub, {k: got[i] for k, i in enumerate(mine) if i in got},
+                                    f"key {KEYS[key_type][p]!r}")
+        for i in range(case.n):
+            if picks[i] in (2, None) and i in got:
+                outputs, error = got[i]
+                if outputs is not None or not str(error).startswith("key: "):
+                    problems.append(f"row {i} of key {values[i]!r}: {outputs!r}, {error!r}")
+        assert not problems, "\n  - ".join([f"case: {case!r}", f"keys: {values}", *problems])
+
+    settings = profile("ci")
+    settings = type(settings)(settings, max_examples=SAMPLE)
+    settings(given(spark_cases(), st.sampled_from(tuple(KEYS)), st.data())(one))()
