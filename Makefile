@@ -33,10 +33,10 @@ check-java:
 # The fast path (about 14 min here: the test modules share one Spark session);
 # `make test-slow` runs the cases marked slow (about 30 min), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
 test: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" --durations=20 $(PYTEST_ARGS)
 
 test-slow: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not bench" $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not bench" --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 test-bench: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m bench $(PYTEST_ARGS)
