@@ -36,7 +36,7 @@ import spark_keras as sk
 from spark_keras.errors import ChannelError, ChannelTrustError, SparkKerasError
 from spark_keras.spark import channel_server, version_server
 from spark_keras.spark.version_server import Address, Server, ask, download
-from spark_keras.spark.versions import Schedule, Version
+from spark_keras.spark.versions import Schedule, Version, active_context, in_context
 
 from . import models
 from .conftest import REPO_ROOT, run_script
@@ -278,7 +278,9 @@ def test_a_malformed_scope_is_refused_and_later_resolves_work(server):
     for good in ("stream:2b1e4c5a-77f2-4c1b-9d1e-0c2f3a4b5c6d:0", "sql:12", "stage:7",
                  "stage:app-20260101-0001.ctx:3"):
         assert ask(server.address, "q", good)["version"]["label"] == "1"
-        assert schedule.is_pinned(good)
+        # a stage's or a query's id is pinned within the SparkContext running (if any:
+        # an earlier test module's session may still be up)
+        assert schedule.is_pinned(in_context(good, active_context()))
     schedule.add(Version(2, "2", "q.v2", 3))
     answer = ask(server.address, "q", "stream:2b1e4c5a-77f2-4c1b-9d1e-0c2f3a4b5c6d:1")
     assert answer["version"]["label"] == "2"
