@@ -237,6 +237,9 @@ def _error_policy(case: Case, want: list[Outcome], seen: Observed) -> list[str]:
         return [f"raised: under 'error' the engine raised though every row passes alone: {_text(error)}"]
     stage = min((str(want[i].stage) for i in failing), key=STAGES.index)
     at = [i for i in failing if want[i].stage == stage]
+    if case.composition and isinstance(error, PreprocessError) \
+            and not any(names(str(error), row_name(case, i)) for i in range(case.n)):
+        return []  # the function raised on the batch, on no row alone: said of the batch's rows
     if error is None:
         return [f"error: under 'error' the engine raised nothing; {row_name(case, at[0])} fails at "
                 f"stage {stage!r}"]
