@@ -36,26 +36,36 @@ NATIVE_NOISE = (r"^(Improper call to JPEG library in state \d+|Corrupt JPEG data
 # native fatal error), the filter still reads what it wrote and passes it on. It ignores
 # SIGINT and SIGHUP (its parent's group's signals) and ends when every writer has closed.
 _FILTER = r"""
-import os, re, signal, sys
+import os, re, select, signal, sys
 for sig in (signal.SIGINT, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
 level, banner, line = int(sys.argv[1]), sys.argv[2].encode(), re.compile(sys.argv[3].encode())
 noise = re.compile(sys.argv[4].encode()) if level >= 2 else None
 rank = {b"I": 0, b"W": 1, b"E": 2}
 def keep(text):
-    if text.rstrip(b"\r") == banner:
+    if text == banner:
         return False
     if noise is not None and noise.match(text):
         return False
     m = line.match(text)
     return m is None or rank[m.group(1)] >= level
 out, pending = sys.stderr.buffer, b""
+piece = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")  # a line, or a progress bar's step
 while True:
+    if pending and not select.select([0], [], [], 0.25)[0]:
+        # a line left unfinished a moment (a prompt, a bar): passed on as it is so far
+        if keep(pending):
+            out.write(pending)
+            out.flush()
+        pending = b""
+        continue
     chunk = os.read(0, 65536)
     if not chunk:
         break
-    *lines, pending = (pending + chunk).split(b"\n")
-    kept = b"".join(text + b"\n" for text in lines if keep(text))
+    data = pending + chunk
+    end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    pending = data[end:]
+    kept = b"".join(p for p in piece.findall(data, 0, end) if keep(p.rstrip(b"\r\n")))
     if kept:
         out.write(kept)
         out.flush()

@@ -298,3 +298,41 @@ def test_damaged_jpegs_leave_no_native_lines_in_a_workers_stderr(tmp_path):
     assert "NULL ROWS [2, 4]" in proc.stdout, proc.stdout
     assert "JPEG" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == "a line of the driver's own", proc.stderr
+
+
+def _read_for(fd: int, seconds: float) -> bytes:
+    import select
+    import time
+
+    got, end = b"", time.monotonic() + seconds
+    while time.monotonic() < end:
+        if select.select([fd], [], [], 0.1)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def test_the_worker_filter_passes_unfinished_lines_on_and_drops_libjpeg_lines():
+    """A progress bar's step (ended by a carriage return) and a prompt (no end yet) pass
+    through within a moment, not at the next newline or the worker's exit; libjpeg's line
+    is dropped at level 2; the bytes that pass are the bytes written, in order."""
+    from spark_keras import quiet
+
+    read_fd, write_fd = os.pipe()
+    out_r, out_w = os.pipe()
+    proc = quiet._start_filter(2, read_fd, out_w)
+    os.close(read_fd)
+    os.close(out_w)
+    try:
+        os.write(write_fd, b"progress  10%\r")
+        assert _read_for(out_r, 1.5) == b"progress  10%\r"
+        os.write(write_fd, b"Improper call to JPEG library in state 201\nprogress  50%")
+        assert _read_for(out_r, 1.5) == b"progress  50%"
+        os.write(write_fd, b"\r\na Traceback line\n")
+        assert _read_for(out_r, 1.5) == b"\r\na Traceback line\n"
+    finally:
+        os.close(write_fd)
+        proc.wait(timeout=10)
+        os.close(out_r)
