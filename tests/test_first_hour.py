@@ -67,6 +67,52 @@ def test_the_default_python3_without_the_package_is_refused_saying_the_line_to_a
     assert "os.environ['PYSPARK_PYTHON'] = sys.executable" in message, message
 
 
+def test_a_python_that_does_not_exist_is_refused_naming_it(workers_python, spark, tmp_path):
+    """Not a probe task's Py4J line ('An error occurred while calling ...'): the path, and
+    the setting, before any task."""
+    sc, use = workers_python
+    missing = str(tmp_path / "nowhere" / "bin" / "python3")
+    use(missing, chosen=True)
+    jobs = len(sc.statusTracker().getJobIdsForGroup(None))
+    with pytest.raises(sk.WorkersPythonError, match="is not an executable file") as raised:
+        sk.BroadcastModel(spark, sk.loads(_tiny()))
+    assert missing in str(raised.value) and "PYSPARK_PYTHON" in str(raised.value)
+    assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs
+
+
+def test_the_package_on_the_executors_pythonpath_and_the_jvms_is_found(
+        workers_python, bare_python, spark, monkeypatch, tmp_path):
+    """The worker's PYTHONPATH as Spark's worker factory makes it: the executors' setting
+    and the PYTHONPATH the JVM inherited are both on it (the check used the first alone
+    and refused a Python that imports the package)."""
+    import numpy
+    import pyarrow
+
+    sc, use = workers_python
+    use(sys.executable, chosen=True)
+    site = os.path.dirname(os.path.dirname(numpy.__file__))  # numpy, pyarrow, keras...
+    assert os.path.dirname(os.path.dirname(pyarrow.__file__)) == site
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(sk.__file__)))
+    env = {"PYTHONPATH": f"{tmp_path}"}  # the executors' setting: somewhere else
+    monkeypatch.setenv("PYTHONPATH", repo)  # the driver's, which a local JVM inherits
+    path, worker_env = environment._local_python(_FakeConf(sc, env), sys.executable)
+    parts = worker_env["PYTHONPATH"].split(os.pathsep)
+    assert str(tmp_path) in parts and repo in parts, parts
+    assert parts.index(str(tmp_path)) < parts.index(repo)
+
+
+class _FakeConf:
+    """``sc`` with ``spark.executorEnv.*`` added to its settings (a real SparkConf)."""
+
+    def __init__(self, sc, executor_env: dict) -> None:
+        self._conf = sc.getConf()
+        for key, value in executor_env.items():
+            self._conf.set(f"spark.executorEnv.{key}", value)
+
+    def getConf(self):  # noqa: N802  (SparkContext's name)
+        return self._conf
+
+
 def _tiny() -> bytes:
     import keras
 

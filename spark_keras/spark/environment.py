@@ -85,18 +85,27 @@ def _local_python(sc: Any, exec_: str) -> tuple[str, dict[str, str]] | None:
     and the environment Spark gives it (``spark.executorEnv.*``, ``--py-files`` entries
     on ``PYTHONPATH``); None where the driver cannot stand in for it (a path relative to
     the executor's folder: an archive's Python)."""
-    path = exec_ if os.path.isabs(exec_) else shutil.which(exec_) if os.sep not in exec_ else None
-    if path is None or not os.access(path, os.X_OK):
+    if not os.path.isabs(exec_) and os.sep in exec_:
         return None
+    path = exec_ if os.path.isabs(exec_) else shutil.which(exec_)
+    if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        unset = "" if "PYSPARK_PYTHON" in os.environ else " (PYSPARK_PYTHON is unset)"
+        raise WorkersPythonError(
+            f"Spark's Python workers would run {exec_!r}{unset}, which "
+            f"{'is not on PATH' if path is None else 'is not an executable file'}: set "
+            f"PYSPARK_PYTHON to a Python that has spark-keras installed before the "
+            f"SparkSession starts, e.g. os.environ['PYSPARK_PYTHON'] = sys.executable "
+            f"({sys.executable}), or spark.pyspark.python with spark-submit")
     conf = sc.getConf()
     env = dict(os.environ)
-    for key, value in conf.getAll():
-        if key.startswith("spark.executorEnv."):
-            env[key[len("spark.executorEnv."):]] = value
+    executor_env = {key[len("spark.executorEnv."):]: value for key, value in conf.getAll()
+                    if key.startswith("spark.executorEnv.")}
+    env.update(executor_env)
+    # as Spark's worker factory joins them: PySpark's zips and --py-files, the executors'
+    # PYTHONPATH setting, then the PYTHONPATH the JVM (here, a local master) inherited
     files = [p.strip().removeprefix("file:") for p in (conf.get(PY_FILES_CONF, "") or "").split(",")]
-    extra = [p for p in files if p and os.path.exists(p)] + _spark_python_zips()
-    if env.get("PYTHONPATH"):
-        extra.append(env["PYTHONPATH"])
+    extra = _spark_python_zips() + [p for p in files if p and os.path.exists(p)]
+    extra += [p for p in (executor_env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")) if p]
     if extra:
         env["PYTHONPATH"] = os.pathsep.join(extra)
     return path, env
@@ -163,8 +172,12 @@ def _check_remote(sc: Any, exec_: str) -> None:
     except Exception as exc:  # Py4JJavaError: the worker's traceback, in Java's
         text = str(exc)
         missing = "No module named" in text or "ModuleNotFoundError" in text
-        first = next((line.strip() for line in text.splitlines()
-                      if "No module named" in line), text.splitlines()[0] if text else "")
+        causes = [line.strip() for line in text.splitlines()
+                  if "No module named" in line or line.startswith("Caused by: ")]
+        # the module missing, else the root cause (Py4J's first line names a Java call)
+        first = next((c for c in causes if "No module named" in c),
+                     causes[-1].removeprefix("Caused by: ") if causes
+                     else text.splitlines()[0] if text else "")
         if not missing:
             raise WorkersPythonError(f"a probe task on master {sc.master} failed before "
                                      f"any model was shipped: {first}") from exc
