@@ -29,7 +29,7 @@ from .strategies import cases
 pytestmark = pytest.mark.timeout(900)
 
 FRONTENDS = ("transform", "predict_udf", "predict_partition")
-SAMPLE = 5  # cases per front-end
+SAMPLE = 2  # cases per front-end (5: 9m22 for the four under load, too much for CI's slow leg)
 SPARK_TYPES = {"vector": "array<double>", "features": "array<double>",
                "sequence": "array<array<float>>", "steps2": "array<array<float>>",
                "tokens": "array<int>", "text": "string"}
