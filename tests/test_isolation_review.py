@@ -272,7 +272,8 @@ def test_a_preprocess_part_of_a_type_that_goes_with_no_other_is_its_rows_failure
     assert np.flatnonzero(out.invalid).tolist() == [0, 1]
     assert out.reasons[1].startswith(
         f"preprocess: PreprocessError: the preprocess function {h.preprocess.name} made input "
-        f"'input_layer' of type fixed_size_list<item: string>[3] for these rows"), out.reasons[1]
+        f"{h.predictor.signature.inputs[0].name!r} of type fixed_size_list<item: string>[3] "
+        f"for these rows"), out.reasons[1]
     want = model(np.array([[0.5, 2, 3], [1, 2, 3]], "float32"), training=False).numpy()
     np.testing.assert_allclose(out.outputs[0], want, atol=1e-5)
 

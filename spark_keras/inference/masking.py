@@ -6,8 +6,10 @@ on that row alone. A model is taken when all three checks below pass; every refu
 
 1. **A mask is made.** Each input with an unknown first dimension (a sequence) feeds a
    layer that masks its padded steps: a ``Masking`` layer (padded with its ``mask_value``),
-   an ``Embedding(mask_zero=True)`` (padded with 0), in a nested model of one input too;
-   or, in a keras-hub model, it is the input ``padding_mask`` or sits beside it
+   an ``Embedding(mask_zero=True)`` (padded with 0), in a nested model of one input too,
+   or any other layer whose output carries a mask (its own ``compute_mask``, as keras.io's
+   ``PositionalEmbedding``: ``inputs != 0``; padded with 0, which the probe confirms); or,
+   in a keras-hub model, it is the input ``padding_mask`` or sits beside it
    (``token_ids``, ``segment_ids`` and the mask itself padded with 0, i.e. False).
 2. **The mask is kept** (:func:`_walk`, on the model's graph of layers). Keras hands each
    layer the mask of the tensors it is given. A layer that supports masking passes it on
@@ -22,8 +24,11 @@ on that row alone. A model is taken when all three checks below pass; every refu
    mask from outside are left to the probe.
 3. **The probe agrees** (:func:`_probe`): rows a model blind to its mask cannot get right
    (random steps, the same negated, one step repeated, and negated: a padded step moves a
-   maximum, a mean or a state over them) give the same outputs alone and padded by 1 and
-   by :data:`PROBE_PADDING` steps, within :data:`TOLERANCE` of the outputs' own scale.
+   maximum, a mean or a state over them; of an integer input, random ids below the
+   smallest vocabulary after it, never the pad value) give the same outputs alone and
+   padded by 1 and by :data:`PROBE_PADDING` steps: each value within :data:`TOLERANCE` of
+   the largest at its place over the probe rows (plus :data:`FLOOR`), so a small output
+   beside a large one is held to its own scale.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from .isolation import reason_text
 from .signature import graph_of, input_tensors
 from .specs import Signature, TensorSpec
 
-TOLERANCE = 1e-5  # of the probe: padded against alone, relative to the output's largest value
+TOLERANCE = 1e-5  # of the probe: padded against alone, relative to each value's scale
+FLOOR = 1e-7  # of the probe: the least difference it tells from none (values near 0)
+INT_VALUES = 10  # a probe row of an integer input takes values below this (ids: its vocabulary)
 PROBE_STEPS, PROBE_PADDING = 5, 4  # the probe rows' length, and the most steps padded to them
 ADVICE = "add a Masking layer or Embedding(mask_zero=True) in front, or leave buckets unset"
 HUB_AXES = ("token_ids", "segment_ids", "padding_mask")  # keras-hub inputs sharing one axis
@@ -149,6 +156,7 @@ class _Walk:
     made: list[Padded] = field(default_factory=list)
     dropped: list[Any] = field(default_factory=list)
     bare: list[int] = field(default_factory=list)
+    vocabularies: list[int] = field(default_factory=list)  # of the Embedding layers met
 
 
 def _masked(graph: _Graph, signature: Signature, sequences: list[int]) -> dict[int, Padded]:
@@ -177,6 +185,10 @@ def _masked(graph: _Graph, signature: Signature, sequences: list[int]) -> dict[i
                                 f"Masking layer or Embedding(mask_zero=True) on it: its padded "
                                 f"steps would change that output; {ADVICE}")
         out[j] = walk.made[0]
+        if out[j].fill == "values" and signature.inputs[j].dtype.startswith(("int", "uint")):
+            # integers masked by value: probe rows of ids (below the smallest vocabulary
+            # after the input), not zeros, which are the pad value and would all be masked
+            out[j] = Padded(out[j].pad, "ids", min(walk.vocabularies, default=INT_VALUES))
     return out
 
 
@@ -184,7 +196,8 @@ def _walk(graph: _Graph, tensor: Any) -> _Walk:
     """The paths from ``tensor`` (an input of ``graph``) to the outputs, layer by layer
     (see :class:`_Walk`). A path is followed while it carries the input's padded steps:
     unmasked, until a layer makes a mask (``Masking``, ``Embedding(mask_zero=True)``, a
-    nested model of one input that makes one); masked, through the layers that pass the
+    nested model of one input that makes one, any other layer whose output has a mask);
+    masked, through the layers that pass the
     mask on, to a layer that uses it up (an output without a mask) or drops it."""
     rt = flavour.current()
     keras = rt.module
@@ -198,6 +211,8 @@ def _walk(graph: _Graph, tensor: Any) -> _Walk:
         for layer, outs in graph.calls.get(id(x), []):
             if x is tensor:
                 walk.first.append(layer)
+            if isinstance(layer, keras.layers.Embedding):
+                walk.vocabularies.append(int(layer.input_dim))
             after: Iterable[Any] = outs
             if masked:
                 if not _takes_mask(layer):
@@ -213,13 +228,27 @@ def _walk(graph: _Graph, tensor: Any) -> _Walk:
                     and len(inner.inputs) == 1 and (nested := _walk(inner, inner.inputs[0])).made:
                 walk.made.extend(nested.made)
                 walk.dropped.extend(nested.dropped)
+                walk.vocabularies.extend(nested.vocabularies)
                 if not nested.bare:  # its mask used up inside, or passed on
                     after = [t for t in outs if _mask_of(t) is not None]
+            elif any(_mask_of(t) is not None for t in outs):
+                # another layer making a mask (a compute_mask of its own: keras.io's
+                # PositionalEmbedding, ``inputs != 0``): padded with 0, which the probe checks
+                walk.made.append(Padded(0))
+                walk.vocabularies.extend(_vocabularies(layer))
             for t in after:
                 if id(t) not in seen:
                     seen.add(id(t))
                     todo.append(t)
     return walk
+
+
+def _vocabularies(layer: Any) -> list[int]:
+    """The input sizes of the Embedding layers inside ``layer``."""
+    embedding = flavour.current().module.layers.Embedding
+    flatten = getattr(layer, "_flatten_layers", None)
+    inner = flatten(include_self=False, recursive=True) if flatten else []
+    return [int(x.input_dim) for x in inner if isinstance(x, embedding)]
 
 
 def _takes_mask(layer: Any) -> bool:
@@ -352,7 +381,9 @@ def _called(call: Callable[[Sequence[np.ndarray]], list[np.ndarray]], rows: list
 
 def _difference(want: np.ndarray, got: list[np.ndarray]) -> str | None:
     """How the padded rows' outputs ``got`` differ from ``want`` (the rows' alone), or None
-    where they agree (numbers within :data:`TOLERANCE` of ``want``'s largest value)."""
+    where they agree: each number within :data:`TOLERANCE` of the largest of ``want``'s
+    values at its place (over the probe rows) plus :data:`FLOOR` (a place whose values are
+    all tiny, a relu's zeros)."""
     for w, g in zip(want, got):
         if g.shape != w.shape:
             return f"from shape {w.shape} to {g.shape}"
@@ -360,9 +391,14 @@ def _difference(want: np.ndarray, got: list[np.ndarray]) -> str | None:
         return None if all(np.array_equal(w, g) for w, g in zip(want, got)) else "in its values"
     w, g = want.astype(np.float64), np.stack(got).astype(np.float64)
     gap = np.where((w == g) | (np.isnan(w) & np.isnan(g)), 0.0, np.abs(g - w))
-    worst = float(np.max(np.nan_to_num(gap, nan=np.inf), initial=0.0))
-    scale = float(np.max(np.abs(np.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)), initial=0.0))
-    return None if worst <= TOLERANCE * scale else f"by up to {worst:.3g} (its values up to {scale:.3g})"
+    gap = np.nan_to_num(gap, nan=np.inf)
+    scale = np.max(np.abs(np.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)), axis=0,
+                   initial=0.0)
+    over = gap > TOLERANCE * scale + FLOOR
+    if not over.any():
+        return None
+    at = np.unravel_index(int(np.argmax(np.where(over, gap, -1.0))), gap.shape)
+    return f"by up to {float(gap[at]):.3g} (its values up to {float(scale[at[1:]]):.3g} there)"
 
 
 def _probe_rows(spec: TensorSpec, padded: Padded | None, rng: np.random.Generator) -> np.ndarray:
@@ -379,6 +415,8 @@ def _probe_rows(spec: TensorSpec, padded: Padded | None, rng: np.random.Generato
         return np.full(shape, b"a", dtype=object)
     if fill == "ids":
         tokens = rng.integers(1, max(2, ids), shape[1:])
+        pad = padded.pad if padded is not None else 0
+        tokens[tokens == pad] = 1 if pad != 1 else min(2, max(1, ids - 1))  # (never the pad)
         return np.stack([tokens, tokens[::-1], np.broadcast_to(tokens[:1], tokens.shape),
                          np.broadcast_to(tokens[-1:], tokens.shape)]).astype(spec.dtype)
     if fill in ("mask", "zeros") or spec.dtype == "bool" or spec.dtype.startswith(("int", "uint")):

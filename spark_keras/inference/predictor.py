@@ -8,22 +8,26 @@ not, and does not retrace for the last, shorter batch.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 
 from .. import flavour
 from ..errors import ModelError
+from ..flavour import CompiledCall
 from .buckets import Group, Padding, exact_groups, padded_groups, trimmed
 from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
 from .masking import padding_of
 from .options import DEFAULT_BATCH_SIZE
 from .signature import signature_of
-from .specs import Signature, empty_outputs
+from .specs import Signature, TensorSpec, empty_outputs
 from .tasks import attached_preprocessor, preprocessed
 
 _ATTR = "_spark_keras_predictor"
 _lock = threading.Lock()
+SHAPED_CALLS = 32  # the most calls :class:`ShapedCalls` keeps compiled (the least used go)
 
 
 class Predictor:
@@ -52,7 +56,10 @@ class Predictor:
                 x = preprocessed(preprocessor, x)
             return self._flat_outputs(model(x, training=False))
 
-        return flavour.current().compile_call(call, sig.inputs)
+        rt = flavour.current()
+        if any(s.variable for s in sig.inputs) and _needs_known_steps(model):
+            return ShapedCalls(lambda specs: rt.compile_call(call, specs), sig.inputs)
+        return rt.compile_call(call, sig.inputs)
 
     @property
     def padding(self) -> Padding:
@@ -89,8 +96,7 @@ class Predictor:
             groups = exact_groups(arrays, specs)
         else:
             return self._texts(self._batched(arrays, batch_size, failures), failures)
-        return self._texts(self._grouped(groups, len(arrays[0]) if arrays else 0, batch_size,
-                                         failures), failures)
+        return self._texts(self._grouped(groups, arrays, batch_size, failures), failures)
 
     def _texts(self, outs: list[np.ndarray], failures: dict[int, BaseException] | None
                ) -> list[np.ndarray]:
@@ -120,21 +126,29 @@ class Predictor:
             cast("dict[int, BaseException]", failures).update(bad)
         return outs
 
-    def _grouped(self, groups: Iterable[Group], n: int, batch_size: int,
+    def _grouped(self, groups: Iterable[Group], arrays: Sequence[np.ndarray], batch_size: int,
                  failures: dict[int, BaseException] | None) -> list[np.ndarray]:
-        """The outputs of ``n`` rows scored group by group, each group's rows in calls of
-        ``batch_size``. An output with unknown dimensions comes back as an object array of
-        one array per row (cut to the row's length where padded)."""
+        """The outputs of the rows of ``arrays`` scored group by group, each group's rows
+        in calls of ``batch_size``. An output with unknown dimensions comes back as an
+        object array of one array per row (cut to the row's length where padded). A row
+        that fails padded is tried again at its own length (:meth:`_unpadded`) before it
+        is blamed. Without ``failures``, the :class:`RowFailure` raised names the first
+        failing row of all groups."""
+        n = len(arrays[0]) if arrays else 0
         outs = [np.empty(n, dtype=object) if s.variable else None for s in self.signature.outputs]
+        first: RowFailure | None = None  # without ``failures``: the first row failed so far
         for group in groups:
             index = group.rows
-            found: dict[int, BaseException] | None = None if failures is None else {}
+            if first is not None and int(index.min()) > first.row:
+                continue  # (its rows come after the one raised)
+            padded = group.lengths is not None
+            found: dict[int, BaseException] | None = {} if failures is not None or padded \
+                else None
             try:
                 got_all = self._batched(group.inputs, batch_size, found)
             except RowFailure as failure:  # its row, numbered in the whole batch
-                raise RowFailure(int(index[failure.row]), failure.cause) from failure.cause
-            if failures is not None and found:
-                failures.update({int(index[k]): exc for k, exc in found.items()})
+                first = _earlier(first, int(index[failure.row]), failure.cause)
+                continue
             for j, got in enumerate(got_all):
                 out, spec = outs[j], self.signature.outputs[j]
                 if out is None:
@@ -144,11 +158,41 @@ class Predictor:
                     continue
                 for k, row in enumerate(index):  # one array per row, of its own shape
                     # (a failed row's placeholder is left as it is: the rows are left out)
-                    out[row] = got[k] if group.lengths is None or (found and k in found) \
+                    out[row] = got[k] if not padded or (found and k in found) \
                         else trimmed(got[k], spec, group.length(j, k), group.steps)
+            if padded and found:
+                try:
+                    self._unpadded(arrays, index[sorted(found)], batch_size, outs, failures)
+                except RowFailure as failure:
+                    first = _earlier(first, failure.row, failure.cause)
+            elif failures is not None and found:
+                failures.update({int(index[k]): exc for k, exc in found.items()})
+        if first is not None:
+            raise first from first.cause
         if not n:
             return empty_outputs(self.signature)
         return cast("list[np.ndarray]", outs)  # each filled by the first group
+
+    def _unpadded(self, arrays: Sequence[np.ndarray], rows: np.ndarray, batch_size: int,
+                  outs: list[np.ndarray | None], failures: dict[int, BaseException] | None
+                  ) -> None:
+        """``rows`` (of ``arrays``), which failed padded in a bucket, scored again by exact
+        shape, nothing padded (a row may fail only at the bucket's length: past a
+        positional table), into ``outs``: those that fail so too recorded in ``failures``
+        with their own exception, or the first raised as a :class:`RowFailure` (numbered
+        in ``arrays``)."""
+        part = [a[rows] for a in arrays]
+        found: dict[int, BaseException] | None = None if failures is None else {}
+        try:
+            got_all = self._grouped(exact_groups(part, self.signature.inputs), part, batch_size,
+                                    found)
+        except RowFailure as failure:
+            raise RowFailure(int(rows[failure.row]), failure.cause) from failure.cause
+        for out, got in zip(outs, got_all):
+            if out is not None:
+                out[rows] = got
+        if failures is not None and found:
+            failures.update({int(rows[k]): exc for k, exc in found.items()})
 
     def _batched(self, arrays: Sequence[np.ndarray], batch_size: int,
                  failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:
@@ -188,6 +232,59 @@ class Predictor:
         found = isolate(call, start, stop, exc, split=_split)
         failures.update(found.failures)
         return found
+
+
+class ShapedCalls:
+    """A compiled call per shape of the inputs' rows (the batch dimension left unknown):
+    for a model that computes wrongly when traced with its rows' other dimensions unknown
+    (:func:`_needs_known_steps`). At most :data:`SHAPED_CALLS` are kept, the least recently
+    used dropped (traced again if needed: the same shape, the same computation)."""
+
+    def __init__(self, compile_for: Callable[[Sequence[TensorSpec]], CompiledCall],
+                 specs: Sequence[TensorSpec]) -> None:
+        self._compile_for, self._specs = compile_for, tuple(specs)
+        self._calls: OrderedDict[tuple, CompiledCall] = OrderedDict()
+        self._lock = threading.Lock()
+        self._dropped = 0  # traces of the calls dropped
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        key = tuple(tuple(a.shape[1:]) for a in arrays)
+        with self._lock:
+            call = self._calls.get(key)
+            if call is None:
+                call = self._calls[key] = self._compile_for(
+                    [replace(s, shape=shape) for s, shape in zip(self._specs, key)])
+                if len(self._calls) > SHAPED_CALLS:
+                    self._dropped += getattr(self._calls.popitem(last=False)[1], "traces", 0)
+            self._calls.move_to_end(key)
+        return call(arrays)
+
+    @property
+    def traces(self) -> int | None:
+        """How many concrete functions were traced, over all shapes (None: called eagerly)."""
+        counts = [getattr(c, "traces", None) for c in self._calls.values()]
+        if all(c is None for c in counts):
+            return None if not self._dropped else self._dropped
+        return self._dropped + sum(c or 0 for c in counts)
+
+
+def _needs_known_steps(model: Any) -> bool:
+    """Whether ``model`` holds a Keras 3 ``TimeDistributed`` layer: traced with its steps
+    unknown, it loops over the batch's rows in their place (``ops.arange`` of the batch
+    size, Keras 3.15), giving wrong outputs or raising unless the batch is as long as the
+    rows (``model(x)`` on a batch, its shape known, is right)."""
+    rt = flavour.current()
+    if rt.legacy:
+        return False
+    time_distributed = rt.module.layers.TimeDistributed
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = flatten(include_self=False, recursive=True) if flatten else []
+    return any(isinstance(layer, time_distributed) for layer in layers)
+
+
+def _earlier(first: RowFailure | None, row: int, cause: BaseException) -> RowFailure:
+    """``first``, or the failure of ``row`` if it comes before it (or there is none)."""
+    return first if first is not None and first.row <= row else RowFailure(row, cause)
 
 
 def _rows(x: np.ndarray, ranges: Ranges) -> np.ndarray:

@@ -25,8 +25,6 @@ OPEN_DEFECTS = {
     # an empty batch and a preprocess function: RecursionError if it raises on it,
     # ArrowInvalid if it makes a (0, 0) array
     "empty batch, preprocess": os.environ.get("FUZZ_OPEN") != "1",
-    # a row padded with a longer one past a positional table: null, though fine alone
-    "buckets, positional table": os.environ.get("FUZZ_OPEN") != "1",
 }
 
 # a plain value in [-1.75, 2], never 0 (above MARK; quarter steps: exact in float32): a
@@ -209,7 +207,7 @@ def options(draw: Any, recipe: Recipe, rows: int) -> Options:
         if draw(st.booleans()):
             ids = tuple(None if v is None else f"k{v}" for v in ids)
     buckets = None
-    if recipe.variable and not (recipe.guard == "table" and OPEN_DEFECTS["buckets, positional table"]):
+    if recipe.variable:
         buckets = draw(st.sampled_from((None, 1, 2, 3, (2, 4), (3, 6, 9), (4,), (1, 12))))
     max_invalid = None
     if on_invalid == "null":

@@ -60,6 +60,14 @@ FOUND: dict[str, tuple[Case, str]] = {
         Case(Recipe("seq", body="dense", head="max"),
              [[[OK]], [[OK, [-0.5, 1.0, 0.25], [1.5, -1.0, 2.0]]]], None, Options(buckets=1)),
         "7: buckets=1 accepted (the probe agreed by chance): row 0 -0.095, alone 0.199"),
+    # the engine review's D1 (these were strict xfails until fixed)
+    "buckets, positional table (null)": (
+        Case(TABLE_MODEL, [[[1, 2]], [LONG]], None, Options(buckets=1)),
+        "D1: the search kept the bucket's padding: row 0, fine alone, was retried padded to "
+        "row 1's length, past the table, and was null ('indices[10] = 10 is not in [0, 10)')"),
+    "buckets, positional table (error)": (
+        Case(TABLE_MODEL, [[[1, 2]], [LONG]], None, Options(buckets=1, on_invalid="error")),
+        "D1: ModelCallError named row 0 (fine alone) instead of row 1"),
 }
 
 # name -> (case, what is wrong)
@@ -75,13 +83,6 @@ OPEN: dict[str, tuple[Case, str]] = {
         Case(Recipe("tokens"), [], "padded", Options()),
         "the function's (0, 0) array: ArrowInvalid 'list_size needs to be a strict positive "
         "integer' instead of 0 rows"),
-    "buckets, positional table (null)": (
-        Case(TABLE_MODEL, [[[1, 2]], [LONG]], None, Options(buckets=1)),
-        "the search keeps the bucket's padding: row 0, fine alone, is retried padded to "
-        "row 1's length, past the table, and is null ('indices[10] = 10 is not in [0, 10)')"),
-    "buckets, positional table (error)": (
-        Case(TABLE_MODEL, [[[1, 2]], [LONG]], None, Options(buckets=1, on_invalid="error")),
-        "ModelCallError names row 0 (fine alone) instead of row 1"),
 }
 
 
