@@ -224,7 +224,7 @@ def test_make_room_raises_the_default_entry_limit_only():
 
     cache = ModelCache(max_entries=4, max_bytes=10**9)
     cache.make_room(12, "KeyedModels of 12 keys")
-    for round_ in range(3):  # rows in random key order: every batch uses every model
+    for _ in range(3):  # rows in random key order: every batch uses every model
         for key in range(12):
             cache.get_or_build(f"k{key}", lambda: (object(), 10))
     info = cache.info()

@@ -334,6 +334,7 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+@pytest.mark.slow  # 12 s of make test's 15 min
 def test_idle_and_flooding_connections_leave_threads_and_memory_bounded(server):
     threads_before, rss_before = threading.active_count(), _rss()
     attack = subprocess.Popen([sys.executable, "-c", _ATTACK, str(server.address.port), "1000",

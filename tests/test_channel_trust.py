@@ -145,6 +145,7 @@ def _executor_files(spark, key: str) -> list[str]:
 
 # --- trust: digests, safe_mode, custom objects --------------------------------------------
 
+@pytest.mark.slow  # 34 s of make test's 15 min
 def test_a_payload_swapped_on_the_driver_after_shipping_is_refused_by_its_digest(spark):
     """The driver's copy of a version replaced after it was shipped (what a compromised
     answer would serve): same size, a sound payload, other weights. Workers refuse it

@@ -158,6 +158,7 @@ def test_empty_input_everywhere_has_the_output_dtype(spark, bm, dask_handle):
     assert got.shape == (0, 2) and (got.dtypes == np.float32).all()
 
 
+@pytest.mark.slow  # 13 s of make test's 15 min
 def test_pandas_nullable_columns_and_integer_labels_in_dask_and_the_pool(dask_handle, model,
                                                                        expected):
     import dask.dataframe as dd

@@ -69,6 +69,7 @@ def test_a_text_classifier_scores_a_string_column(spark, text_bm, classifier, bu
     assert records and all(r["shared"] for r in records), records
 
 
+@pytest.mark.slow  # 24 s of make test's 15 min
 def test_a_null_text_is_an_invalid_row(spark, text_bm, classifier):
     texts = ["the cat sat on the mat", None, "a dog ran fast"]
     df = text_frame(spark, texts).coalesce(1)

@@ -71,6 +71,7 @@ def test_pool_predict_equals_the_model_and_builds_once_per_process(tmp_path, mon
     assert [r["shared"] for r in read_build_log(str(copies))] == [False]
 
 
+@pytest.mark.slow  # 13 s of make test's 15 min
 def test_pool_predict_multi_output_and_worker_errors(rng):
     two = models.multi_io()
     inputs = models.random_like_inputs(two, 30, seed=5)

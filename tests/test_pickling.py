@@ -11,6 +11,7 @@ import textwrap
 import cloudpickle
 import keras
 import numpy as np
+import pytest
 
 import spark_keras as sk
 
@@ -119,6 +120,7 @@ LOAD_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # 13 s of make test's 15 min
 def test_classes_defined_in_main_travel_by_value_with_cloudpickle(tmp_path):
     (tmp_path / "make.py").write_text(MAIN_SCRIPT)
     (tmp_path / "use.py").write_text(LOAD_SCRIPT)

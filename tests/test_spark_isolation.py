@@ -119,6 +119,7 @@ def test_transform_isolates_the_rows_that_raise(spark, handles, case):
     _check(case, rows)
 
 
+@pytest.mark.slow  # 14 s of make test's 15 min
 def test_predict_udf_and_predict_partition_isolate_too(spark, handles):
     case = CASES[0]  # the corrupt PNGs
     bm = handles[case.name]

@@ -29,6 +29,7 @@ def spark(build_log):
     session.stop()
 
 
+@pytest.mark.slow  # 18 s of make test's 15 min
 def test_null_policy_keeps_every_row(spark):
     model = models.mlp(n_features=3, outputs=1)
     bm = sk.BroadcastModel(spark, model)
