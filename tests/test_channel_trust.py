@@ -192,6 +192,7 @@ class _RunsCode:
         return (os.mkdir, (self.marker,))
 
 
+@pytest.mark.slow  # 31 s of make test's 15 min
 def test_safe_mode_and_custom_objects_are_never_taken_from_the_answer(spark, tmp_path):
     """The driver's answer edited on the driver (a compromised answer): ``safe_mode``
     false is ignored (the Lambda layer stays refused: nothing is scored by it), and a

@@ -92,6 +92,7 @@ def test_dumps_and_loads_keep_the_preprocessor(classifier):
     np.testing.assert_allclose(predictor_for(copy)([np.array(TEXTS, dtype=object)])[0], want, atol=1e-5)
 
 
+@pytest.mark.slow  # 20 s of make test's 15 min
 def test_an_image_classifier_scores_images_of_several_sizes(spark):
     classifier = models.hub_image_classifier()
     sig = signature_of(classifier)

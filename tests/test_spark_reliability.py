@@ -50,6 +50,7 @@ def test_null_policy_keeps_every_row(spark):
         bm.transform(df, "f").collect()
 
 
+@pytest.mark.slow  # 20 s of make test's 15 min
 def test_cache_limit_holds_over_ten_models(spark, build_log):
     """Ten models through a 3-entry cache: workers evict, and a model evicted everywhere
     is rebuilt when used again, and predicts what the driver's model predicts."""
