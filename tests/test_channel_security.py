@@ -40,6 +40,7 @@ from spark_keras.spark.versions import Schedule, Version, active_context, in_con
 
 from . import models
 from .conftest import REPO_ROOT, run_script
+from .relay import Relay
 
 
 @pytest.fixture
@@ -66,58 +67,33 @@ def _via(address: Address, port: int) -> Address:
     return Address(("127.0.0.1", port, address.token, address.fingerprint))
 
 
-class Relay:
-    """A TCP relay on 127.0.0.1 to ``target``: records every byte it passes; ``rewrite``
-    changes what the server sends, ``cut_after`` closes both sides once that many bytes
-    of the server's came through."""
+class RecordingRelay(Relay):
+    """A relay to ``target`` that records every byte it passes; ``rewrite`` changes what
+    the server sends, ``cut_after`` closes both sides once that many bytes of the
+    server's came through."""
 
     def __init__(self, target: tuple[str, int], rewrite=None, cut_after: int | None = None):
-        self.target, self.rewrite, self.cut_after = target, rewrite, cut_after
+        self.rewrite, self.cut_after = rewrite, cut_after
         self.captured = bytearray()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target)
 
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
-
-    def _pipe(self, src, dst, from_server):
-        passed = 0
-        try:
-            while data := src.recv(65536):
-                if from_server and self.rewrite is not None:
-                    data = self.rewrite(data)
-                if from_server and self.cut_after is not None and passed + len(data) > self.cut_after:
-                    dst.sendall(data[:self.cut_after - passed])
-                    break
-                self.captured += data
-                dst.sendall(data)
-                passed += len(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def close(self):
-        self._listener.close()
+    def pump(self, src, dst, number):
+        from_server, passed = number is not None, 0
+        while data := src.recv(65536):
+            if from_server and self.rewrite is not None:
+                data = self.rewrite(data)
+            if from_server and self.cut_after is not None and passed + len(data) > self.cut_after:
+                dst.sendall(data[:self.cut_after - passed])
+                break
+            self.captured += data
+            dst.sendall(data)
+            passed += len(data)
 
 
 def test_a_relay_on_the_path_sees_neither_the_token_nor_the_weights(weights):
     payload, pattern = weights
     server = Server("127.0.0.1")
-    relay = Relay(("127.0.0.1", server.address.port))
+    relay = RecordingRelay(("127.0.0.1", server.address.port))
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         server.keep_payload("m", 1, payload)
@@ -138,7 +114,7 @@ def test_a_relay_that_alters_bytes_fails_the_request_and_its_bytes_are_not_used(
     def flip_last(data: bytes) -> bytes:
         return data[:-1] + bytes([data[-1] ^ 0x01])
 
-    relay = Relay(("127.0.0.1", server.address.port), rewrite=flip_last)
+    relay = RecordingRelay(("127.0.0.1", server.address.port), rewrite=flip_last)
     try:
         with pytest.raises(ChannelError, match="/resolve"):
             ask(_via(server.address, relay.port), "m", "sql:1")
@@ -216,7 +192,7 @@ def test_a_plain_http_answer_is_refused(server):
 def test_network_failures_are_channel_errors_never_os_errors(weights):
     payload, _ = weights
     server = Server("127.0.0.1")
-    relay = Relay(("127.0.0.1", server.address.port), cut_after=len(payload) // 2)
+    relay = RecordingRelay(("127.0.0.1", server.address.port), cut_after=len(payload) // 2)
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         server.keep_payload("m", 1, payload)

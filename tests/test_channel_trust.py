@@ -21,7 +21,6 @@ import pickle
 import socket
 import struct
 import textwrap
-import threading
 import time
 
 import keras
@@ -40,23 +39,21 @@ from spark_keras.spark.versions import Schedule, Version
 
 from . import models
 from .conftest import REPO_ROOT, build_records, run_script
+from .relay import Relay
 
 
-class Relay:
-    """A TCP relay on 127.0.0.1 to ``target`` (TLS passes through it untouched). The
-    connections whose number (from 0, see :meth:`reset_count`) is in ``stall`` hold the
-    server's bytes back for ``stall_for`` seconds; those in ``reset_after`` are reset
-    (RST) once that many of the server's bytes came through."""
+class StallingRelay(Relay):
+    """A relay to ``target`` whose connections with a number (from 0, see
+    :meth:`reset_count`) in ``stall`` hold the server's bytes back for ``stall_for``
+    seconds; those in ``reset_after`` are reset (RST) once that many of the server's
+    bytes came through."""
 
     def __init__(self, target: tuple[str, int], *, stall: set[int] = frozenset(),
                  stall_for: float = 0.0, reset_after: dict[int, int] | None = None):
-        self.target, self.stall, self.stall_for = target, set(stall), stall_for
+        self.stall, self.stall_for = set(stall), stall_for
         self.reset_after = dict(reset_after or {})
-        self.count = self.stalled = self.resets = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.stalled = self.resets = 0
+        super().__init__(target)
 
     def via(self, address: Address) -> Address:
         """``address`` reached through this relay."""
@@ -66,46 +63,21 @@ class Relay:
         with self._lock:
             self.count = 0
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                number, self.count = self.count, self.count + 1
-            upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, number), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, number: int | None) -> None:
+    def pump(self, src: socket.socket, dst: socket.socket, number: int | None) -> None:
         passed, first = 0, True
-        try:
-            while data := src.recv(65536):
-                if number is not None and first and number in self.stall:
-                    self.stalled += 1
-                    time.sleep(self.stall_for)
-                first = False
-                limit = self.reset_after.get(number) if number is not None else None
-                if limit is not None and passed + len(data) > limit:
-                    dst.sendall(data[:limit - passed])
-                    self.resets += 1
-                    dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    break
-                dst.sendall(data)
-                passed += len(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def close(self) -> None:
-        self._listener.close()
+        while data := src.recv(65536):
+            if number is not None and first and number in self.stall:
+                self.stalled += 1
+                time.sleep(self.stall_for)
+            first = False
+            limit = self.reset_after.get(number) if number is not None else None
+            if limit is not None and passed + len(data) > limit:
+                dst.sendall(data[:limit - passed])
+                self.resets += 1
+                dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                break
+            dst.sendall(data)
+            passed += len(data)
 
 
 def _frame(spark, x, partitions: int = 4):
@@ -269,7 +241,7 @@ def test_a_reset_download_is_tried_again_into_the_one_shared_file(spark, build_l
     try:
         assert bm._nbytes > 256 * 1024
         address = bm._transport.address
-        relay = Relay((address.host, address.port), reset_after={0: 128 * 1024})
+        relay = StallingRelay((address.host, address.port), reset_after={0: 128 * 1024})
         bm._transport = dataclasses.replace(bm._transport, address=relay.via(address))
         got, found = _scored(bm, df)
         np.testing.assert_allclose(found, _expected(model, x[got.id.to_numpy()]), rtol=1e-5, atol=1e-6)
@@ -289,7 +261,7 @@ def test_a_stalled_download_is_tried_again_and_lands_whole(tmp_path, monkeypatch
     monkeypatch.setattr(channel_client, "TIMEOUT", 1.0)
     payload = sk.dumps(models.mlp(n_features=32, hidden=64, name="stall1"))
     server = Server("127.0.0.1")
-    relay = Relay(("127.0.0.1", server.address.port), stall={0}, stall_for=3.0)
+    relay = StallingRelay(("127.0.0.1", server.address.port), stall={0}, stall_for=3.0)
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         kept = server.keep_payload("m", 1, payload)
@@ -378,7 +350,7 @@ def test_a_slow_driver_gives_one_version_for_the_whole_action(spark):
     v1, v2 = models.mlp(name="slow1"), models.mlp(name="slow2")
     bm = sk.BroadcastModel(spark, v1, ship="driver")  # a copy of it can be pickled here
     address = bm._versions
-    relay = Relay((address.host, address.port), stall_for=3.0)
+    relay = StallingRelay((address.host, address.port), stall_for=3.0)
     try:
         bm._versions = relay.via(address)  # what the plans carry
         before = pickle.loads(pickle.dumps(bm))  # a plan made before the update
@@ -406,7 +378,7 @@ def test_a_driver_that_does_not_answer_is_told_from_one_that_cannot_be_reached(s
     monkeypatch.setattr(task_version, "SLOW_DRIVER_WAIT", 2.0)
     bm = sk.BroadcastModel(spark, models.mlp(name="mute1"), ship="driver")
     address = bm._versions
-    relay = Relay((address.host, address.port), stall=set(range(100)), stall_for=5.0)
+    relay = StallingRelay((address.host, address.port), stall=set(range(100)), stall_for=5.0)
     try:
         before = pickle.loads(pickle.dumps(bm))
         bm.update(models.mlp(name="mute2"))
