@@ -124,13 +124,11 @@ def _filtered_stderr(level: int) -> Iterator[None]:
     if "tensorflow" in sys.modules:  # imported by another thread meanwhile
         yield
         return
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    try:
-        read_fd, write_fd = os.pipe()
-    except OSError:
+    fds = _flushed_pipe()
+    if fds is None:
         yield
         return
+    read_fd, write_fd = fds
     saved = None
     try:
         saved = os.dup(2)
@@ -142,8 +140,7 @@ def _filtered_stderr(level: int) -> Iterator[None]:
         yield
         return
     os.close(read_fd)
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
+    _onto_stderr(write_fd)
     try:
         yield
     finally:
@@ -155,6 +152,23 @@ def _filtered_stderr(level: int) -> Iterator[None]:
             # (a process started meanwhile may hold the pipe open: the filter then
             # passes its output on until it exits)
             proc.wait(timeout=10)
+
+
+def _flushed_pipe() -> tuple[int, int] | None:
+    """A pipe for the filter, once what Python buffered for stderr is out (None: no pipe
+    could be made, stderr stays as it is)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    try:
+        return os.pipe()
+    except OSError:
+        return None
+
+
+def _onto_stderr(write_fd: int) -> None:
+    """File descriptor 2 becomes the pipe's writing end (its only one in this process)."""
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
 
 
 def _start_filter(level: int, read_fd: int, stderr_fd: int) -> subprocess.Popen:
@@ -182,12 +196,10 @@ def quiet_native_noise() -> None:
     with _FILTERING:
         if _native_filter_pid is not None:
             return
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
-        try:
-            read_fd, write_fd = os.pipe()
-        except OSError:
+        fds = _flushed_pipe()
+        if fds is None:
             return
+        read_fd, write_fd = fds
         try:
             _start_filter(level, read_fd, 2)
         except (OSError, ValueError):
@@ -195,8 +207,7 @@ def quiet_native_noise() -> None:
             return
         finally:
             os.close(read_fd)
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
+        _onto_stderr(write_fd)
         _native_filter_pid = os.getpid()
 
 
