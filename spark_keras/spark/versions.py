@@ -107,7 +107,7 @@ def active_context() -> str | None:
             context = sc
     connect = sys.modules.get("pyspark.sql.connect.session")
     if context is None and connect is not None:
-        context = connect.SparkSession._get_default_session()
+        context = _default_connect_session(connect.SparkSession)
     if context is None:
         return None
     with _context_lock:
@@ -115,6 +115,13 @@ def active_context() -> str | None:
         if ident is None:
             ident = _context_ids[context] = f"spark{next(_context_serial)}"
         return ident
+
+
+def _default_connect_session(cls: Any) -> Any:
+    """Spark Connect's default session unless stopped (PySpark 3.5 has no
+    ``_get_default_session``, only the attribute it reads)."""
+    session = getattr(cls, "_default_session", None)
+    return None if session is None or session.is_stopped else session
 
 
 class Schedule:
