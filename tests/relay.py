@@ -16,9 +16,8 @@ class Relay:
         self.target = target
         self.count = 0
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.port = 0
+        self.admit()
 
     def pump(self, src: socket.socket, dst: socket.socket, number: int | None) -> None:
         """Pass ``src``'s bytes to ``dst``: ``number`` is the connection's on the
@@ -26,13 +25,29 @@ class Relay:
         while data := src.recv(65536):
             dst.sendall(data)
 
-    def close(self) -> None:
+    def refuse(self) -> None:
+        """Stop listening: a connection to the relay's port is then answered with a reset
+        by the kernel (``ECONNREFUSED``), as something on the path forging resets would
+        answer it. :meth:`admit` listens again on the same port."""
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        except OSError:
+            pass
         self._listener.close()
 
-    def _accept(self) -> None:
+    def admit(self) -> None:
+        """Listen (again) on the relay's port (any free one the first time)."""
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def close(self) -> None:
+        self.refuse()
+
+    def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             with self._lock:

@@ -8,8 +8,11 @@ real local Spark, a real version server and real relays on 127.0.0.1.
   Spark ships, unpickled only if its digest is the one the answer names.
 * A download the network cuts (a reset, a stall) is tried again into the executor's one
   shared file, never reported as a local disk error nor copied privately.
-* A driver slow to answer is asked again: one action, one version; only a driver that
-  cannot be reached at all leaves the plan's version, kept for the whole scope.
+* A driver slow to answer is asked again: one action, one version. A driver that cannot
+  be reached at all (a reset forged on the path looks the same) fails the task, never
+  scores the plan's version while other workers score the current one; only the
+  driver's opt-in (``SPARK_KERAS_UNREACHABLE_DRIVER=plan``) leaves the plan's version,
+  kept for the whole scope.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
-from spark_keras.errors import LocalWriteError, PayloadError, SparkKerasError
+from spark_keras.errors import ChannelError, LocalWriteError, PayloadError, SparkKerasError
 from spark_keras.inference import predictor_for
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment
@@ -370,10 +373,50 @@ def test_a_slow_driver_gives_one_version_for_the_whole_action(spark):
         bm.destroy()
 
 
+def _opted_in(address: Address) -> Address:
+    """``address`` as a driver with ``SPARK_KERAS_UNREACHABLE_DRIVER=plan`` gives it."""
+    return Address((*address[:4], True))
+
+
+def test_refused_connections_fail_the_task_never_score_the_plans_version(spark):
+    """Something on the path answers one worker's connections to the driver with resets
+    (the relay stops listening: the kernel refuses them). A DataFrame planned before
+    update() used to score with its plan's version 1 on that worker while the others
+    scored 2 (two versions in one action); the task now fails, naming the driver and the
+    settings, and no row is scored. Once connections pass again, the same plan's next
+    action scores every row with version 2."""
+    x = np.random.default_rng(5).standard_normal((16, 8), dtype=np.float32)
+    rows = list(enumerate(x.tolist()))
+    v1, v2 = models.mlp(name="forged1"), models.mlp(name="forged2")
+    bm = sk.BroadcastModel(spark, v1, ship="driver")
+    address = bm._versions
+    relay = StallingRelay((address.host, address.port))
+    try:
+        bm._versions = relay.via(address)
+        before = pickle.loads(pickle.dumps(bm))  # a plan made before the update
+        bm.update(v2)
+        relay.refuse()
+        with pytest.raises(Exception) as caught:
+            spark.sparkContext.parallelize(rows, 2).mapPartitions(_scoring(before)).collect()
+        message = str(caught.value)
+        assert "cannot reach the driver" in message and "SPARK_KERAS_DRIVER_HOST" in message
+        assert "SPARK_KERAS_UNREACHABLE_DRIVER=plan" in message
+        relay.admit()
+        got = sorted(spark.sparkContext.parallelize(rows, 2).mapPartitions(_scoring(before))
+                     .collect())
+        assert {label for _, label, _ in got} == {"2"}, got
+        np.testing.assert_allclose([p for _, _, p in got], _expected(v2, x), rtol=1e-5, atol=1e-6)
+    finally:
+        relay.close()
+        bm._versions = address
+        bm.destroy()
+
+
 def test_a_driver_that_does_not_answer_is_told_from_one_that_cannot_be_reached(spark, monkeypatch):
     """A driver that never answers in time: after the wait, 'did not answer within', not
     the unreachable driver's advice about SPARK_KERAS_DRIVER_HOST. A driver that cannot
-    be reached: the plan's version, kept for the scope even once it answers again."""
+    be reached: the task fails, and asks again when retried; with the driver's opt-in,
+    the plan's version, kept for the scope even once it answers again."""
     monkeypatch.setattr(channel_client, "TIMEOUT", 0.5)
     monkeypatch.setattr(task_version, "SLOW_DRIVER_WAIT", 2.0)
     bm = sk.BroadcastModel(spark, models.mlp(name="mute1"), ship="driver")
@@ -392,8 +435,13 @@ def test_a_driver_that_does_not_answer_is_told_from_one_that_cannot_be_reached(s
             s.bind(("127.0.0.1", 0))
             closed = s.getsockname()[1]
         before._versions = Address(("127.0.0.1", closed, address.token, address.fingerprint))
+        with pytest.raises(ChannelError, match="cannot reach the driver .*task fails"):
+            task_version.version_for(before, "sql:900004")
+        before._versions = address  # reached again (Spark's retry): the current version
+        assert task_version.version_for(before, "sql:900004")._version == "2"
+        before._versions = _opted_in(Address(("127.0.0.1", closed, *address[2:4])))
         assert task_version.version_for(before, "sql:900002") is before  # the plan's version
-        before._versions = address  # the driver answers again: the scope keeps its version
+        before._versions = _opted_in(address)  # it answers again: the scope keeps its version
         assert task_version.version_for(before, "sql:900002") is before
         assert task_version.version_for(before, "sql:900003")._version == "2"
     finally:
@@ -403,8 +451,9 @@ def test_a_driver_that_does_not_answer_is_told_from_one_that_cannot_be_reached(s
 
 def test_a_port_that_drops_connections_is_unreachable_not_slow(monkeypatch):
     """A port whose connections time out (a firewall dropping them: here a listener whose
-    queue is full) is a driver that cannot be reached, not a slow one: the plan's version
-    at once (kept for the scope), not a wait of SLOW_DRIVER_WAIT and a failure."""
+    queue is full) is a driver that cannot be reached, not a slow one: the task fails at
+    once, not after a wait of SLOW_DRIVER_WAIT; with the driver's opt-in, the plan's
+    version at once (kept for the scope)."""
     import types
 
     monkeypatch.setattr(channel_client, "TIMEOUT", 0.5)
@@ -417,9 +466,15 @@ def test_a_port_that_drops_connections_is_unreachable_not_slow(monkeypatch):
             handle = types.SimpleNamespace(_name="dropped", _planned=1,
                                            _versions=Address(("127.0.0.1", port, "t", "0" * 64)))
             started = time.monotonic()
-            assert task_version.version_for(handle, "sql:900010") is handle
+            with pytest.raises(ChannelError, match="cannot reach the driver"):
+                task_version.version_for(handle, "sql:900010")
             assert time.monotonic() - started < 10.0
-            assert task_version._chosen[("dropped", "sql:900010")] is None  # kept
+            assert ("dropped", "sql:900010") not in task_version._chosen  # asked again
+            handle._versions = _opted_in(handle._versions)
+            started = time.monotonic()
+            assert task_version.version_for(handle, "sql:900011") is handle
+            assert time.monotonic() - started < 10.0
+            assert task_version._chosen[("dropped", "sql:900011")] is None  # kept
 
 
 # --- across executors, with Spark's own security on ----------------------------------------

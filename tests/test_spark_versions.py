@@ -66,7 +66,7 @@ def test_the_version_server_answers_only_those_with_its_token():
         server.close()
 
 
-def test_a_worker_that_cannot_reach_the_driver_keeps_its_plans_version_or_says_why():
+def test_a_worker_that_cannot_reach_the_driver_fails_unless_the_driver_opted_in():
     import socket
     import types
 
@@ -78,6 +78,9 @@ def test_a_worker_that_cannot_reach_the_driver_keeps_its_plans_version_or_says_w
         port = s.getsockname()[1]
     handle = types.SimpleNamespace(_name="lost", _versions=Address(("127.0.0.1", port, "t")),
                                    _planned=1)
+    with pytest.raises(sk.ChannelError, match="task fails .*SPARK_KERAS_UNREACHABLE_DRIVER=plan"):
+        task_version.version_for(handle, "sql:1")  # never another version than the others'
+    handle._versions = Address(("127.0.0.1", port, "t", None, True))  # the driver opted in
     assert task_version.version_for(handle, "sql:1") is handle  # as planned (warned once)
     handle._planned = 2  # planned with a version only the driver has
     with pytest.raises(sk.SparkKerasError, match="cannot reach the driver .*SPARK_KERAS_DRIVER_HOST"):

@@ -36,8 +36,11 @@ _REFUSAL_BYTES = 4096  # of a refusal's message read
 
 
 class Address(tuple):
-    """``(host, port, token, fingerprint)``: where a worker asks, the secret it shows, and
-    the SHA-256 (hex) of the certificate the driver's server must show."""
+    """``(host, port, token, fingerprint, plan_if_unreachable)``: where a worker asks, the
+    secret it shows, the SHA-256 (hex) of the certificate the driver's server must show,
+    and whether a worker that cannot reach the driver at all scores with the version its
+    plan was made with (the driver's opt-in, ``SPARK_KERAS_UNREACHABLE_DRIVER=plan``)
+    rather than fail its task."""
 
     @property
     def host(self) -> str:
@@ -54,6 +57,10 @@ class Address(tuple):
     @property
     def fingerprint(self) -> str | None:
         return self[3] if len(self) > 3 else None
+
+    @property
+    def plan_if_unreachable(self) -> bool:
+        return bool(self[4]) if len(self) > 4 else False
 
     @property
     def url(self) -> str:

@@ -13,9 +13,13 @@ objects themselves are files Spark ships, :mod:`.shipped_objects`); ``safe_mode`
 the handle's, from the plan, whatever the answer says.
 
 A driver slow to answer (a timeout, a connection reset, while its port still accepts
-connections) is asked again for up to :data:`SLOW_DRIVER_WAIT` seconds; only a driver
-that cannot be reached at all (connection refused, no route to it, a port that does not
-accept connections: a firewall) leaves the plan's version, warned once.
+connections) is asked again for up to :data:`SLOW_DRIVER_WAIT` seconds. A driver that
+cannot be reached at all (connection refused, no route to it, a port that does not
+accept connections: a firewall) fails the task, and Spark retries it: what a worker sees
+of the network is no ground to score with another version than the other workers (a
+reset forged on the path would split an action in two). Only where the driver opted in
+(``SPARK_KERAS_UNREACHABLE_DRIVER=plan``, carried in the handle's address) does such a
+task score with the version its plan was made with, warned once.
 """
 
 from __future__ import annotations
@@ -67,21 +71,35 @@ def task_scope() -> tuple[bool, str | None]:
 
 def version_for(handle: Any, scope: str | None) -> Any:
     """``handle`` (a BroadcastModel unpickled here) as the version the driver says
-    ``scope`` scores with; the versions it says are released are dropped first. A driver
-    that cannot be reached leaves the handle as its plan was made (warned once), unless
-    the plan was made with a later version than the handle's own. Either way the
-    outcome is kept for ``scope``."""
+    ``scope`` scores with; the versions it says are released are dropped first. The
+    outcome is kept for ``scope``.
+
+    Raises:
+        ChannelError: the driver cannot be reached at all (the task fails; Spark retries
+            it), unless the driver opted in to the plan's version
+            (``SPARK_KERAS_UNREACHABLE_DRIVER=plan``) and the plan was made with the
+            handle's own version: then the handle as its plan was made (warned once).
+        SparkKerasError: the driver did not answer within :data:`SLOW_DRIVER_WAIT`.
+    """
     if (handle._name, scope) in _chosen:
         return _chosen[(handle._name, scope)] or handle
     address = handle._versions
     try:
         answer = _ask(address, handle._name, scope)
     except ChannelError as exc:  # the driver cannot be reached at all
+        where = (f"cannot reach the driver at {address.url} for the version of model "
+                 f"{handle._name} this task scores with ({exc})")
         if handle._planned != 1:
-            raise SparkKerasError(
-                f"cannot reach the driver at {address.url} for the version of model "
-                f"{handle._name} this task scores with ({exc}); set SPARK_KERAS_DRIVER_HOST "
-                f"to an address of the driver that the executors reach") from exc
+            raise ChannelError(f"{where}; set SPARK_KERAS_DRIVER_HOST to an address of the "
+                               f"driver that the executors reach") from exc
+        if not address.plan_if_unreachable:
+            raise ChannelError(
+                f"{where}: the task fails rather than score with the version its plan was "
+                f"made with, which an update() may have replaced for the other tasks "
+                f"(Spark retries it). Set SPARK_KERAS_DRIVER_HOST to an address of the driver "
+                f"that the executors reach; where they never can, set "
+                f"SPARK_KERAS_UNREACHABLE_DRIVER=plan on the driver to score with the plan's "
+                f"version (update() then does not reach such tasks)") from exc
         if handle._name not in _unreachable_warned:
             _unreachable_warned.add(handle._name)
             logger.warning("cannot reach the driver at %s for model versions (%s): scoring with "

@@ -29,7 +29,9 @@ server); set ``SPARK_KERAS_DRIVER_HOST`` (and ``SPARK_KERAS_DRIVER_PORT``, defau
 free port) where that is not the address executors can reach. It listens at that
 address, or at ``SPARK_KERAS_DRIVER_BIND_ADDRESS`` or ``spark.driver.bindAddress`` if
 set; when the address is not one of this machine's and neither is set, on every
-interface, with a warning.
+interface, with a warning. A task that cannot reach it fails, unless
+``SPARK_KERAS_UNREACHABLE_DRIVER=plan`` (read at start, carried in the address) lets it
+score with its plan's version (:mod:`.task_version`).
 
 The payload copies live in a folder ``spark_keras_versions_<pid>_<random>`` (mode 0700)
 of the temporary folder, removed at exit; a driver killed with SIGKILL cannot, so each
@@ -56,7 +58,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
-from ..errors import SparkKerasError
+from ..errors import ArgumentError, SparkKerasError
 from .channel_client import TIMEOUT, Address, ask, download
 from .channel_server import Answer, Channel, Refused
 from .versions import Schedule, Version, active_context, in_context
@@ -67,6 +69,9 @@ __all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_
 logger = logging.getLogger("spark_keras")
 
 BIND_ENV = "SPARK_KERAS_DRIVER_BIND_ADDRESS"
+# what a worker that cannot reach the driver at all does: "fail" its task (the default),
+# or score with the version its "plan" was made with (update() does not reach it)
+UNREACHABLE_ENV = "SPARK_KERAS_UNREACHABLE_DRIVER"
 # the scopes versions.scope_of makes: stream:<query id>:<batch id>, sql:<execution id>,
 # stage:<stage id> or stage:<context>:<stage id>
 _SCOPE = re.compile(r"stream:[A-Za-z0-9._-]{1,128}:[0-9]{1,18}|sql:[0-9]{1,18}"
@@ -115,6 +120,7 @@ class Server:
     (listening at ``bind`` if given, else at ``host``, the address workers are told)."""
 
     def __init__(self, host: str, port: int = 0, bind: str | None = None) -> None:
+        plan_if_unreachable = _plan_if_unreachable()
         self.token = secrets.token_urlsafe(24)
         self._lock = threading.Lock()
         self._schedules: dict[str, Schedule] = {}
@@ -128,7 +134,8 @@ class Server:
         remove_stale_folders()
         self._channel = Channel(_bound(host, port, bind), self.token,
                                 functools.partial(_answer, self))
-        self.address = Address((host, self._channel.port, self.token, self._channel.fingerprint))
+        self.address = Address((host, self._channel.port, self.token, self._channel.fingerprint,
+                                plan_if_unreachable))
         logger.info("model versions served at %s (TLS certificate sha256 %s)",
                     self.address.url, self._channel.fingerprint)
 
@@ -241,6 +248,17 @@ class Server:
         version = schedule.pin(scope)
         released = [_as_dict(v) for v in schedule.released() if v.index != version.index]
         return {"version": _as_dict(version), "released": released}
+
+
+def _plan_if_unreachable() -> bool:
+    """``SPARK_KERAS_UNREACHABLE_DRIVER``: ``plan`` (True) lets a worker that cannot reach
+    the driver score with its plan's version; ``fail`` (False, the default) fails the task."""
+    value = os.environ.get(UNREACHABLE_ENV, "fail").strip().lower()
+    if value not in ("fail", "plan"):
+        raise ArgumentError(f"{UNREACHABLE_ENV}={value!r}: use 'fail' (the default: a task "
+                            f"that cannot reach the driver fails) or 'plan' (it scores with "
+                            f"the version its plan was made with)")
+    return value == "plan"
 
 
 def _bound(host: str, port: int, bind: str | None) -> socket.socket:
