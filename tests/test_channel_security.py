@@ -34,7 +34,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.errors import ChannelError, ChannelTrustError, SparkKerasError
-from spark_keras.spark import channel_server, version_server
+from spark_keras.spark import channel_client, channel_server, transport, version_server
 from spark_keras.spark.version_server import Address, Server, ask, download
 from spark_keras.spark.versions import Schedule, Version, active_context, in_context
 
@@ -337,6 +337,70 @@ def test_idle_and_flooding_connections_leave_threads_and_memory_bounded(server):
     assert peak_connections <= server._channel.cap
     assert peak_threads <= threads_before + channel_server.WORKERS + 1, peak_threads
     assert peak_rss - rss_before < 50 << 20, (peak_rss - rss_before) >> 20
+
+
+def _stalled_reader(address: Address, target: bytes) -> ssl.SSLSocket:
+    """A reader that sends a real request for ``target`` and reads nothing of the answer
+    (a tiny receive buffer: the driver's send stalls once its own buffer is full)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect((address.host, address.port))
+    sock = context.wrap_socket(raw)
+    sock.sendall(b"GET %s HTTP/1.1\r\nX-Spark-Keras-Token: %s\r\n\r\n"
+                 % (target, address.token.encode()))
+    return sock
+
+
+def _hold_the_cap(server: Server) -> list[ssl.SSLSocket]:
+    """As many stalled readers of a payload as the server's cap, each shown its token."""
+    readers = [_stalled_reader(server.address, b"/payload?name=m&index=1")
+               for _ in range(server._channel.cap)]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (
+            server._channel.connections() == server._channel.cap
+            and all(c.shown for c in list(server._channel._connections))):
+        time.sleep(0.02)
+    assert server._channel.connections() == server._channel.cap
+    return readers
+
+
+def test_past_the_cap_readers_are_told_to_come_back_and_their_downloads_land(monkeypatch, caplog):
+    """Every place taken by readers of a large payload (here a cap of 2): a further
+    download used to wait in the listen backlog until its attempts timed out ("cannot
+    reach the driver"); now the driver answers 503 with Retry-After at once, the worker
+    comes back (not counted as an attempt) and lands the payload when a place frees.
+    Short answers (/resolve) are still given at the cap."""
+    monkeypatch.setattr(channel_server, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(channel_server, "RETRY_AFTER", 1)
+    monkeypatch.setattr(channel_client, "TIMEOUT", 1.0)
+    monkeypatch.setattr(transport, "DOWNLOAD_ATTEMPTS", 2)  # 1 s + 1 s + 1 s, then failed
+    payload = os.urandom(16 << 20)  # more than the kernel's socket buffers hold
+    server = Server("127.0.0.1")
+    readers: list[ssl.SSLSocket] = []
+    try:
+        assert server._channel.cap == 2
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        kept = server.keep_payload("m", 1, payload)
+        readers = _hold_the_cap(server)
+        started = time.monotonic()
+        threading.Timer(4.0, lambda: [r.close() for r in readers]).start()
+        out = io.BytesIO()
+        with caplog.at_level(logging.INFO, logger="spark_keras"):
+            transport.ServedTransport.of(server.address, "m", 1, kept).write(out)
+        assert out.getvalue() == payload
+        assert time.monotonic() - started >= 4.0  # it waited for a place
+        busy = [r.getMessage() for r in caplog.records if "maximum of readers" in r.getMessage()]
+        assert busy and "asked for again" in busy[0], busy
+        readers = _hold_the_cap(server)
+        started = time.monotonic()
+        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
+        assert time.monotonic() - started < 1.0
+    finally:
+        for reader in readers:
+            reader.close()
+        server.close()
 
 
 _SERVER_AT_LOW_LIMIT = textwrap.dedent("""

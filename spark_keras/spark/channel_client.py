@@ -13,7 +13,8 @@ Errors: :class:`~spark_keras.errors.ChannelTrustError` when the certificate is n
 driver's (nothing was sent); :class:`~spark_keras.errors.ChannelError` when the driver
 cannot be reached or the connection fails in transit (refused, reset, timed out, a TLS
 failure, an answer cut short), never an ``OSError`` a caller could take for a local disk
-error; :class:`~spark_keras.errors.SparkKerasError` when the driver refuses the request.
+error, and its :class:`DriverBusy` when the driver says to come back later (503);
+:class:`~spark_keras.errors.SparkKerasError` when the driver refuses the request.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import hmac
 import http.client
 import json
+import math
 import ssl
 import urllib.parse
 from typing import Any, BinaryIO, Iterator
@@ -33,6 +35,25 @@ TIMEOUT = 30.0  # seconds a worker waits for the driver at each step (connecting
 TOKEN_HEADER = "X-Spark-Keras-Token"
 _CHUNK = 4 << 20
 _REFUSAL_BYTES = 4096  # of a refusal's message read
+
+
+class DriverBusy(ChannelError):
+    """The driver answered 503: it serves its maximum of connections, all reading payloads;
+    ask again in :attr:`retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(value: str | None) -> float:
+    """A ``Retry-After`` header's seconds, kept within 0.1 and 60 (1 if absent or not a
+    number of seconds)."""
+    try:
+        seconds = float(value or "1")
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.1), 60.0) if math.isfinite(seconds) else 1.0
 
 
 class Address(tuple):
@@ -129,6 +150,9 @@ def _exchange(address: Address, path: str, name: str,
             response = connection.getresponse()
             if response.status != 200:
                 message = response.read(_REFUSAL_BYTES).decode("utf-8", "replace").strip()
+        if response.status == 503:
+            raise DriverBusy(f"the driver at {address.url} is serving its maximum of readers "
+                             f"({message})", _retry_after(response.getheader("Retry-After")))
         if response.status == 410 and index is not None:
             raise SparkKerasError(f"the driver's copy of version {index} of model {name} is "
                                   f"missing ({message})")

@@ -12,9 +12,14 @@ constant time, then hands the path and query to a function that answers them
   payload file reads run in a pool of at most ``WORKERS`` threads;
 * **connections**: at most ``MAX_CONNECTIONS`` at once, and never more than a quarter of
   the soft ``RLIMIT_NOFILE`` (:func:`connection_cap`). At the cap, the oldest connection
-  that has not shown the token within ``GRACE`` seconds is dropped for a new one; while
-  none has, new connections wait in the kernel's listen backlog. Out of file descriptors,
-  accepting pauses ``ACCEPT_PAUSE`` seconds each time (logged once): it never spins;
+  that has not shown the token within ``GRACE`` seconds is dropped for a new one. When
+  every one has shown it (readers of large payloads), up to a quarter of the cap more
+  are taken as *overflow*: within ``OVERFLOW_TIMEOUT`` seconds each gets its answer if
+  that is a short body, or ``503`` with ``Retry-After: RETRY_AFTER`` if it would stream
+  a file, so that readers come back later instead of waiting in the kernel's listen
+  backlog until their requests time out; past that, new connections wait there. Out of
+  file descriptors, accepting pauses ``ACCEPT_PAUSE`` seconds each time (logged once):
+  it never spins;
 * **time**: the TLS handshake and the whole request head within ``HEAD_TIMEOUT`` seconds
   of the connection; each chunk of an answer taken by the reader within
   ``WRITE_TIMEOUT`` seconds, or the connection is dropped. No keep-alive: no connection
@@ -53,6 +58,8 @@ logger = logging.getLogger("spark_keras")
 MAX_CONNECTIONS = 256
 WORKERS = 4
 GRACE = 0.5  # seconds a connection keeps its place at the cap before showing the token
+OVERFLOW_TIMEOUT = 5.0  # seconds an overflow connection gets for its handshake, head, answer
+RETRY_AFTER = 2  # seconds a reader told 503 (the cap is full of readers) waits, at least
 HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0
 HEAD_BYTES = 8 << 10
@@ -135,10 +142,11 @@ def tls_context() -> tuple[ssl.SSLContext, str]:
 
 
 class _Connection:
-    __slots__ = ("sock", "peer", "since", "shown", "task")
+    __slots__ = ("sock", "peer", "since", "shown", "overflow", "task")
 
-    def __init__(self, sock: ssl.SSLSocket, peer: Any) -> None:
+    def __init__(self, sock: ssl.SSLSocket, peer: Any, overflow: bool) -> None:
         self.sock, self.peer, self.since, self.shown = sock, peer, time.monotonic(), False
+        self.overflow = overflow
         self.task: asyncio.Task | None = None
 
 
@@ -153,11 +161,13 @@ class Channel:
             sock.close()
             raise
         self.cap = connection_cap()
+        self.overflow_cap = max(1, self.cap // 4)
         self._sock = sock
         sock.setblocking(False)
         self._token = token.encode()
         self._answering = answering
         self._connections: dict[_Connection, None] = {}  # oldest first
+        self._overflowing = 0  # of them, overflow connections
         self._logged: set[Any] = set()
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="spark_keras channel")
         self._loop = asyncio.SelectorEventLoop()  # add_reader/add_writer: not a proactor
@@ -173,7 +183,7 @@ class Channel:
         return self._sock.getsockname()[1]
 
     def connections(self) -> int:
-        """The connections open now."""
+        """The connections open now (overflow ones included)."""
         return len(self._connections)
 
     def close(self) -> None:
@@ -204,7 +214,7 @@ class Channel:
     async def _accept(self) -> None:
         try:
             while True:
-                await self._room()
+                overflow = await self._room()
                 try:
                     sock, peer = await self._loop.sock_accept(self._sock)
                 except OSError as exc:
@@ -214,77 +224,102 @@ class Channel:
                                        len(self._connections), ACCEPT_PAUSE)
                         await asyncio.sleep(ACCEPT_PAUSE)
                     continue  # a connection reset before it was accepted
-                self._start(sock, peer)
+                self._start(sock, peer, overflow)
         finally:
             tasks = [c.task for c in self._connections if c.task is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _room(self) -> None:
+    async def _room(self) -> bool:
         """Return once a connection may be accepted: below the cap, or after dropping
-        the oldest connection that has not shown the token within GRACE seconds."""
-        while len(self._connections) >= self.cap:
+        the oldest connection that has not shown the token within GRACE seconds; or, all
+        of them having shown it, as an overflow connection (True) while there is room."""
+        while len(self._connections) - self._overflowing >= self.cap:
             self._log_once("cap", "the driver's channel holds %d connections, its maximum: new "
                            "ones wait, and those that do not show the token within %.1f s are "
                            "dropped for them", self.cap, GRACE)
-            oldest = next((c for c in self._connections if not c.shown), None)
+            oldest = next((c for c in self._connections if not c.shown and not c.overflow), None)
             age = time.monotonic() - oldest.since if oldest is not None else 0.0
             if oldest is not None and age >= GRACE:
                 self._drop(oldest)
                 await asyncio.sleep(0)  # its task closes its socket
                 continue
+            if oldest is None and self._overflowing < self.overflow_cap:
+                self._log_once("busy", "the driver's channel holds %d connections, its maximum, "
+                               "all reading answers: readers of payloads are told to come back "
+                               "in %d s (503)", self.cap, RETRY_AFTER)
+                return True
             self._freed.clear()
             try:
                 async with asyncio.timeout(GRACE - age if oldest is not None else ACCEPT_PAUSE):
                     await self._freed.wait()
             except TimeoutError:
                 pass
+        return False
 
-    def _start(self, sock: socket.socket, peer: Any) -> None:
+    def _start(self, sock: socket.socket, peer: Any, overflow: bool) -> None:
         sock.setblocking(False)
         try:
             tls = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         except OSError:
             sock.close()
             return
-        connection = _Connection(tls, peer)
+        connection = _Connection(tls, peer, overflow)
         self._connections[connection] = None
+        self._overflowing += overflow
         connection.task = self._loop.create_task(self._serve(connection))
 
     def _drop(self, connection: _Connection) -> None:
-        self._connections.pop(connection, None)
+        self._forget(connection)
         if connection.task is not None:
             connection.task.cancel()
+
+    def _forget(self, connection: _Connection) -> None:
+        if connection in self._connections:
+            del self._connections[connection]
+            self._overflowing -= connection.overflow
 
     # --- one connection ----------------------------------------------------------------
 
     async def _serve(self, connection: _Connection) -> None:
-        sock = connection.sock
         try:
-            try:
-                async with asyncio.timeout(HEAD_TIMEOUT):
-                    await self._io(sock, sock.do_handshake)
-                    path, query = self._request(await self._read_head(sock))
-                connection.shown = True
-                answer = await self._answer(connection, path, query)
-            except Refused as exc:
-                if exc.status in (404, 500):  # a destroyed handle's late tasks; a defect, logged
-                    logger.debug("the driver's channel: %d %s", exc.status, exc)
-                else:
-                    self._log_once(exc.status, "the driver's channel refused a request from %s: "
-                                   "%d %s (later refusals with this status are logged at DEBUG)",
-                                   connection.peer, exc.status, exc)
-                await self._send(sock, self._error(exc.status, str(exc)))
-                return
-            await self._send_answer(sock, answer)
+            if connection.overflow:
+                async with asyncio.timeout(OVERFLOW_TIMEOUT):
+                    await self._exchange(connection)
+            else:
+                await self._exchange(connection)
         except (OSError, EOFError) as exc:  # gone, too slow (TimeoutError), TLS failed
             logger.debug("the driver's channel dropped a connection from %s: %r",
                          connection.peer, exc)
         finally:
-            sock.close()
-            self._connections.pop(connection, None)
+            connection.sock.close()
+            self._forget(connection)
             self._freed.set()
+
+    async def _exchange(self, connection: _Connection) -> None:
+        sock = connection.sock
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT):
+                await self._io(sock, sock.do_handshake)
+                path, query = self._request(await self._read_head(sock))
+            connection.shown = True
+            answer = await self._answer(connection, path, query)
+            if connection.overflow and answer.file is not None:
+                answer.file.close()
+                raise Refused(503, f"the driver is serving its maximum of {self.cap} readers: "
+                                   f"come back in {RETRY_AFTER} s")
+        except Refused as exc:
+            # 404: a destroyed handle's late tasks; 500: a defect, logged; 503: logged once
+            if exc.status in (404, 500, 503):
+                logger.debug("the driver's channel: %d %s", exc.status, exc)
+            else:
+                self._log_once(exc.status, "the driver's channel refused a request from %s: "
+                               "%d %s (later refusals with this status are logged at DEBUG)",
+                               connection.peer, exc.status, exc)
+            await self._send(sock, self._error(exc.status, str(exc)))
+            return
+        await self._send_answer(sock, answer)
 
     async def _answer(self, connection: _Connection, path: str, query: dict[str, str]) -> Answer:
         """The answering function's answer (in the pool); its failures, other than a
@@ -388,13 +423,14 @@ class Channel:
             remove(fd)
 
     @staticmethod
-    def _head(status: int, kind: str, length: int) -> bytes:
+    def _head(status: int, kind: str, length: int, extra: str = "") -> bytes:
         return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
-                f"Content-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+                f"Content-Length: {length}\r\n{extra}Connection: close\r\n\r\n").encode()
 
     def _error(self, status: int, message: str) -> bytes:
         body = message.encode("utf-8", "replace")
-        return self._head(status, "text/plain; charset=utf-8", len(body)) + body
+        extra = f"Retry-After: {RETRY_AFTER}\r\n" if status == 503 else ""
+        return self._head(status, "text/plain; charset=utf-8", len(body), extra) + body
 
     def _log_once(self, kind: Any, message: str, *args: Any, exc_info: bool = False) -> None:
         level = logging.DEBUG if kind in self._logged else logging.WARNING

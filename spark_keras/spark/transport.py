@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import logging
 import os
+import random
 import tempfile
 import time
 from typing import Any, BinaryIO, Callable, cast
@@ -37,6 +38,7 @@ from ..errors import ChannelError, PayloadChangedError, PayloadError, SparkKeras
 from ..payload import host_file
 from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
+from .channel_client import DriverBusy
 from .driver_payload import DriverPayload
 
 logger = logging.getLogger("spark_keras")
@@ -325,7 +327,9 @@ class ServedTransport(Transport):
     refused, before anything uses it, unless it matches. A download the network cuts
     (reset, stalled, refused) is tried again, from the start of the same file, up to
     :data:`DOWNLOAD_ATTEMPTS` times: only a failure to write the local file is the
-    folder's (:class:`~spark_keras.errors.LocalWriteError`)."""
+    folder's (:class:`~spark_keras.errors.LocalWriteError`). A driver serving its maximum
+    of readers says when to come back (503): asked again then, for up to
+    :data:`BUSY_WAIT` seconds, without counting attempts."""
 
     address: Any  # version_server.Address
     name: str
@@ -347,8 +351,8 @@ class ServedTransport(Transport):
         digest the driver fixed (``out`` then holds bytes nobody may use)."""
         from . import version_server
 
-        delay = 1.0
-        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        delay, attempt, busy_since = 1.0, 0, None
+        while True:
             out.seek(0)
             out.truncate()
             hashing = _Hashing(out)
@@ -356,7 +360,18 @@ class ServedTransport(Transport):
                 version_server.download(self.address, self.name, self.index,
                                         cast(BinaryIO, hashing))  # download() only writes
                 break
+            except DriverBusy as exc:  # not an attempt: come back when the driver says
+                busy_since = busy_since or time.monotonic()
+                waited = time.monotonic() - busy_since
+                if waited + exc.retry_after > BUSY_WAIT:
+                    raise ChannelError(f"cannot download version {self.index} of model "
+                                       f"{self.name}: the driver stayed at its maximum of "
+                                       f"readers for {waited:.0f} s ({exc})") from exc
+                logger.info("%s; version %d of model %s is asked for again in about %.0f s",
+                            exc, self.index, self.name, exc.retry_after)
+                time.sleep(exc.retry_after * random.uniform(1.0, 2.0))  # not all at once
             except ChannelError as exc:
+                attempt += 1
                 if attempt == DOWNLOAD_ATTEMPTS:
                     raise ChannelError(f"cannot download version {self.index} of model "
                                        f"{self.name} from the driver ({attempt} attempts): "
@@ -384,6 +399,9 @@ class ServedTransport(Transport):
 
 # downloads from the driver that the network cut, tried again (1, 2, 4 s apart)
 DOWNLOAD_ATTEMPTS = 4
+# seconds a download keeps coming back while the driver answers that it serves its
+# maximum of readers (503, channel_server.RETRY_AFTER): not counted as attempts
+BUSY_WAIT = 900.0
 
 
 class _Hashing:
