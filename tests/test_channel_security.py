@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -533,12 +534,14 @@ def test_the_folder_a_killed_driver_left_is_removed_at_the_next_start():
                               text=True, env=dict(os.environ, PYTHONPATH=REPO_ROOT))
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     tmp = tempfile.gettempdir()
-    kept = [os.path.join(tmp, f"spark_keras_versions_{alive.pid}_abcd_123"),  # a live driver's
+    kept = [os.path.join(tmp, f"spark_keras_versions_{alive.pid}_abcd_123"),  # no lock file:
+            os.path.join(tmp, "spark_keras_versions_999999999_abcd_123"),  # an earlier version's
             os.path.join(tmp, "spark_keras_versions_1234_678")]  # the older naming, no pid
     try:
         left = killed.stdout.readline().strip()
         assert os.path.basename(left).startswith(f"spark_keras_versions_{killed.pid}_")
         assert os.stat(left).st_mode & 0o777 == 0o700
+        assert os.stat(os.path.join(left, ".lock")).st_mode & 0o777 == 0o600
         killed.send_signal(signal.SIGKILL)
         killed.wait()
         assert os.path.isdir(left)  # SIGKILL: no clean-up at exit
@@ -555,6 +558,48 @@ def test_the_folder_a_killed_driver_left_is_removed_at_the_next_start():
         for path in kept:
             if os.path.isdir(path):
                 os.rmdir(path)
+
+
+_LIVE_DRIVER = textwrap.dedent("""
+    import os, sys
+    from spark_keras.spark.version_server import Server
+    server = Server("127.0.0.1")
+    path = server.new_file()
+    print(os.path.dirname(path), flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_a_live_drivers_folder_stays_whatever_its_pid_means_here():
+    """Drivers in other PID namespaces (containers) share one temporary folder: the pid
+    in a live driver's folder name is no live process of this one (here: the folder of
+    a live driver renamed to a pid that runs nowhere). The sweep used to take it for a
+    dead driver's and remove its payload copies; it now removes a folder only once its
+    driver's lock is free, as when that driver is killed."""
+    driver = subprocess.Popen([sys.executable, "-c", _LIVE_DRIVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    elsewhere = None
+    try:
+        folder = driver.stdout.readline().strip()
+        name = os.path.basename(folder)
+        suffix = name[len(f"spark_keras_versions_{driver.pid}_"):]
+        elsewhere = os.path.join(os.path.dirname(folder), f"spark_keras_versions_999999999_{suffix}")
+        with pytest.raises(ProcessLookupError):
+            os.kill(999999999, 0)
+        os.rename(folder, elsewhere)  # the flock goes with the folder's lock file
+        assert elsewhere not in version_server.remove_stale_folders()
+        assert [n for n in os.listdir(elsewhere) if n.endswith(".part")]  # its copy stays
+        assert driver.poll() is None
+        driver.kill()
+        driver.wait()
+        assert elsewhere in version_server.remove_stale_folders()  # dead: its lock is free
+        assert not os.path.exists(elsewhere)
+    finally:
+        driver.kill()
+        driver.wait()
+        if elsewhere is not None and os.path.isdir(elsewhere):
+            shutil.rmtree(elsewhere)
 
 
 # --- with Spark's own security on --------------------------------------------------------

@@ -34,8 +34,11 @@ interface, with a warning. A task that cannot reach it fails, unless
 score with its plan's version (:mod:`.task_version`).
 
 The payload copies live in a folder ``spark_keras_versions_<pid>_<random>`` (mode 0700)
-of the temporary folder, removed at exit; a driver killed with SIGKILL cannot, so each
-start removes those of this user's dead processes.
+of the temporary folder, removed at exit. Its driver holds an exclusive ``flock`` on the
+folder's ``.lock`` file for its whole life, which the kernel releases when the driver
+dies however it dies: each start removes the folders of this user whose lock it can
+take (a driver killed with SIGKILL cannot remove its own), and never one whose driver
+lives, whatever its pid means here (drivers in other PID namespaces sharing the folder).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import atexit
 import collections
 import contextlib
 import errno
+import fcntl
 import functools
 import json
 import logging
@@ -80,6 +84,7 @@ _INDEX = re.compile(r"[0-9]{1,9}")
 # spark_keras_versions_<pid>_<mkdtemp's 8 characters> (older names had no pid: kept)
 _FOLDER_PREFIX = "spark_keras_versions_"
 _FOLDER = re.compile(_FOLDER_PREFIX + r"([0-9]{1,10})_[a-z0-9_]{8}")
+_FOLDER_LOCK = ".lock"  # in a driver's folder: flock'd by its driver while it lives
 # garbage-collected handles whose current version is still answered (see Server.retire)
 MAX_RETIRED = 1024
 
@@ -127,6 +132,7 @@ class Server:
         self._boundaries: dict[str, Callable[[], None]] = {}
         self._payloads: dict[tuple[str, int], str] = {}
         self._folder: str | None = None  # made on the first payload kept, removed at exit
+        self._folder_lock: int | None = None  # its lock file, locked while this server lives
         # collected handles: their current version, for the plans still running
         self._retired: collections.OrderedDict[str, Schedule] = collections.OrderedDict()
         self._holds = 0  # handles being made (serving): the server stays open for them
@@ -153,6 +159,9 @@ class Server:
     def _remove_folder(self) -> None:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+        if self._folder_lock is not None:
+            os.close(self._folder_lock)  # released once the folder is gone
+            self._folder_lock = None
 
     def register(self, name: str, schedule: Schedule,
                  boundary: Callable[[], None] | None = None) -> None:
@@ -167,7 +176,7 @@ class Server:
         """A fresh path in the folder of payload copies, for :meth:`keep_payload`."""
         with self._lock:
             if self._folder is None:
-                self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_")
+                self._folder, self._folder_lock = _locked_folder()
                 atexit.register(self._remove_folder)  # nothing left in TMPDIR
             fd, path = tempfile.mkstemp(suffix=".part", dir=self._folder)
         os.close(fd)
@@ -297,10 +306,39 @@ def _listen(address: str, port: int) -> socket.socket:
     return sock
 
 
+def _locked_folder() -> tuple[str, int]:
+    """A new payload folder (mode 0700) and the descriptor of its lock file, locked
+    (exclusive ``flock``) until it is closed or this process dies."""
+    while True:
+        folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_")
+        lock = os.path.join(folder, _FOLDER_LOCK)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            st = os.fstat(fd)
+            if _identity(lock) == (st.st_dev, st.st_ino):
+                return folder, fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # a sweep took it between its making and its locking: another
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def remove_stale_folders(folder: str | None = None) -> list[str]:
     """Remove the payload folders that this user's dead drivers left in ``folder`` (the
-    temporary folder): a driver killed with SIGKILL skips its exit's clean-up. Folders
-    of live processes, of other users, or named the older way (no pid) stay.
+    temporary folder): a driver killed with SIGKILL skips its exit's clean-up. A folder
+    goes only if the lock its driver holds for its life can be taken (the kernel
+    released it: the driver died); folders of live drivers (in whatever PID namespace
+    or on whatever host shares the folder, as far as ``flock`` reaches), of other users,
+    or without a lock file (being made, or left by an earlier version) stay.
 
     Returns:
         The folders removed.
@@ -314,21 +352,26 @@ def remove_stale_folders(folder: str | None = None) -> list[str]:
         return []
     removed = []
     for name in names:
-        match = _FOLDER.fullmatch(name)
-        pid = int(match.group(1)) if match else 0
-        if pid <= 0 or pid == os.getpid():
+        if not _FOLDER.fullmatch(name):
             continue
         path = os.path.join(folder, name)
         try:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 continue
-            os.kill(pid, 0)
-        except ProcessLookupError:  # dead: its folder is stale
+            fd = os.open(os.path.join(path, _FOLDER_LOCK), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:  # no lock file (or gone already): left alone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its driver lives (this process's own included)
+            os.close(fd)
+            continue
+        try:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-        except (OSError, OverflowError):  # alive under another user, or gone already
-            continue
+        finally:
+            os.close(fd)
     if removed:
         logger.info("removed the payload folders of dead drivers: %s", ", ".join(removed))
     return removed
