@@ -323,6 +323,56 @@ def test_a_digest_mismatch_is_refused_before_the_file_is_published(tmp_path):
         server.close()
 
 
+def test_an_executor_file_replaced_after_it_was_written_is_refused_at_build(tmp_path, monkeypatch):
+    """The executor's payload file of a version served from the driver, replaced (a new
+    file) or altered in place after the first worker wrote it, by a sound payload of the
+    same size with other weights: a worker that builds from it refuses it, naming the
+    file and both digests, instead of scoring with those weights. The sound file is
+    hashed once per process (not at each build); a damaged one is still written again."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))  # this process as an executor's worker
+    model = models.mlp(n_features=8, hidden=16, name="swap1")
+    payload = sk.dumps(model)
+    forged = _same_size_other_weights(model)
+    assert len(forged) == len(payload) and forged != payload
+    x = np.random.default_rng(6).standard_normal((4, 8), dtype=np.float32)
+    server = Server("127.0.0.1")
+    try:
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        served = ServedTransport.of(server.address, "m", 1, server.keep_payload("m", 1, payload))
+        recipe = Shipment(b"", b"")
+
+        def predictions():
+            built, _, _ = served.build(recipe, "swap1", len(payload), share_weights=True)
+            return predictor_for(built)([x], 16)[0].reshape(-1)
+
+        expected = _expected(model, x)
+        np.testing.assert_allclose(predictions(), expected, rtol=1e-5, atol=1e-6)  # written
+        path = host_file.path_for(executor_folder(), "swap1")
+        assert host_file._verified[path] == host_file._stamp(path)  # written here: checked
+        np.testing.assert_allclose(predictions(), expected, rtol=1e-5, atol=1e-6)  # found
+        (tmp_path / "forged").write_bytes(forged)
+        os.replace(tmp_path / "forged", path)  # a new file
+        with pytest.raises(PayloadError, match=f"payload file {path} of model m version 1 has "
+                                               f"sha256 [0-9a-f]{{64}}, not {served.sha256}"):
+            predictions()
+        with open(path, "r+b") as f:  # the good bytes back in place, then altered in place
+            f.write(payload)
+        np.testing.assert_allclose(predictions(), expected, rtol=1e-5, atol=1e-6)
+        with open(path, "r+b") as f:
+            f.write(forged)
+        with pytest.raises(PayloadError, match="replaced or altered on this executor"):
+            predictions()
+        damaged = bytearray(payload)
+        damaged[-100] ^= 0xFF
+        with open(path, "r+b") as f:  # bit rot: not a payload that loads, so written again
+            f.write(bytes(damaged))
+        np.testing.assert_allclose(predictions(), expected, rtol=1e-5, atol=1e-6)
+        with open(path, "rb") as f:
+            assert f.read() == payload
+    finally:
+        server.close()
+
+
 # --- a slow driver: one version per action --------------------------------------------------
 
 def _scoring(handle):

@@ -4,7 +4,9 @@ needs it and memory-mapped by all of them.
 Protocol, for processes that may start, die or race at any moment:
 
 * a reader that finds ``<name>`` complete (its size is the payload's) uses it without
-  taking any lock;
+  taking any lock; given ``verify`` (the digest the plan fixed, checked by its caller),
+  only once that file passed it: once per process and file, by its identity, size and
+  times (a file replaced or altered since is checked again; one that fails is refused);
 * otherwise it takes an exclusive ``flock`` on ``<name>.lock`` (the kernel releases it
   when its holder dies), looks again, removes temporary files left by writers that died,
   writes ``<name>.tmp-<pid>`` and renames it to ``<name>`` (atomic): nobody ever maps a
@@ -68,11 +70,17 @@ def identity(path: str) -> tuple[int, int] | None:
 
 def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = None, *,
          write: Callable[[BinaryIO], Any] | None = None,
-         damaged: tuple[int, int] | None = None) -> str:
+         damaged: tuple[int, int] | None = None,
+         verify: Callable[[str], Any] | None = None) -> str:
     """The path of ``key``'s payload file in ``folder``, written by whichever process
     comes first: from ``fetch()`` (the payload, bytes-like), or by ``write(file)``
     (which streams it into an open file, whose ``name`` it may read back). Either way
-    it must be ``nbytes`` long."""
+    it must be ``nbytes`` long.
+
+    ``verify(path)`` raises (a :class:`PayloadError` naming the file) unless the file
+    is the payload its caller expects: a file found written is checked with it once per
+    process and file (:func:`_checked`); one this call writes is taken as checked, so
+    ``write`` (or ``fetch``) must check what it writes the same way."""
     if (fetch is None) == (write is None):
         raise ArgumentTypeError("land() takes one of fetch and write")
     if write is None:
@@ -80,19 +88,51 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
         write = functools.partial(_write_fetched, fetch)
     path = path_for(folder, key)
     if damaged is None and _complete(path, nbytes):
-        return path
+        return _checked(path, verify)
     with _local_failures(folder, path):
         os.makedirs(folder, exist_ok=True)
         with _locked(f"{path}.lock"):
             current = identity(path)
-            if _complete(path, nbytes) and (damaged is None or current != damaged):
-                return path
-            _remove_stale(path)
-            started = time.perf_counter()
-            write_atomically(path, functools.partial(_write_checked, write, key, nbytes))
+            found = _complete(path, nbytes) and (damaged is None or current != damaged)
+            if not found:
+                _remove_stale(path)
+                started = time.perf_counter()
+                write_atomically(path, functools.partial(_write_checked, write, key, nbytes))
+                if verify is not None:
+                    _remember_checked(path)
+    if found:
+        return _checked(path, verify)
     logger.info("wrote %s (%.1f MB) in %.2fs%s", path, nbytes / 2**20,
                 time.perf_counter() - started, " (the old copy was damaged)" if damaged else "")
     return path
+
+
+# In this process: the payload files that passed their caller's verify (land), by path:
+# (device, inode, size, mtime, ctime) then; a file replaced or altered since differs
+_verified: dict[str, tuple[int, ...]] = {}
+_MAX_VERIFIED = 1024
+
+
+def _stamp(path: str) -> tuple[int, ...]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _checked(path: str, verify: Callable[[str], Any] | None) -> str:
+    """``path``, once ``verify(path)`` passed for the file there now (at most once per
+    process and file)."""
+    if verify is not None:
+        stamp = _stamp(path)
+        if _verified.get(path) != stamp:
+            verify(path)  # raises for a file that is not the expected payload
+            _remember_checked(path, stamp)
+    return path
+
+
+def _remember_checked(path: str, stamp: tuple[int, ...] | None = None) -> None:
+    if len(_verified) >= _MAX_VERIFIED:
+        _verified.clear()
+    _verified[path] = stamp or _stamp(path)
 
 
 def _write_checked(write: Callable[[BinaryIO], Any], key: str, nbytes: int, f: BinaryIO) -> None:

@@ -83,7 +83,8 @@ class Shipment:
                      fetch: Callable[[], Any] | None = None, *,
                      write: Callable[[BinaryIO], Any] | None = None,
                      share_weights: bool = True,
-                     fallback: Callable[[], Any] | None = None) -> tuple[Any, int, dict[str, Any]]:
+                     fallback: Callable[[], Any] | None = None,
+                     verify: Callable[[str], Any] | None = None) -> tuple[Any, int, dict[str, Any]]:
         """Like :meth:`build`, on weights shared by every process of this host: the
         payload lands once in ``folder`` (:mod:`.host_file`; from ``fetch()`` or
         ``write(file)``, by default this shipment's payload) and the model's variables
@@ -95,12 +96,12 @@ class Shipment:
         built from the payload in memory (``fetch()``, else ``fallback()``) on weights
         of its own, with one warning per model and process; the memory report says
         why (``shared_fallback``). Without either, the :class:`.host_file.LocalWriteError`
-        naming the folder is raised."""
+        naming the folder is raised. ``verify``: see :func:`.host_file.land`."""
         own = fetch is None and write is None
         if own:
             fetch = self._payload_to_write
         try:
-            return self._build_landed(folder, key, nbytes, fetch, write, share_weights)
+            return self._build_landed(folder, key, nbytes, fetch, write, share_weights, verify)
         except host_file.LocalWriteError as exc:
             in_memory = fetch if fetch is not None else fallback
             if in_memory is None or (own and not self.payload):
@@ -108,9 +109,10 @@ class Shipment:
             return self._build_private(key, in_memory, exc)
 
     def _build_landed(self, folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None,
-                      write: Callable[[BinaryIO], Any] | None, share_weights: bool
+                      write: Callable[[BinaryIO], Any] | None, share_weights: bool,
+                      verify: Callable[[str], Any] | None = None
                       ) -> tuple[Any, int, dict[str, Any]]:
-        path = host_file.land(folder, key, nbytes, fetch, write=write)
+        path = host_file.land(folder, key, nbytes, fetch, write=write, verify=verify)
         loaded = host_file.identity(path)  # before loading: another process may replace it
         try:
             return self.build_from_file(path, share_weights=share_weights)
@@ -120,7 +122,8 @@ class Shipment:
                     raise  # the file is sound: the payload itself cannot be loaded here
                 logger.warning("payload file %s is damaged; rewriting it", path)
             # rewritten here, unless another process already replaced it: then that file
-            path = host_file.land(folder, key, nbytes, fetch, write=write, damaged=loaded)
+            path = host_file.land(folder, key, nbytes, fetch, write=write, damaged=loaded,
+                                  verify=verify)
             return self.build_from_file(path, share_weights=share_weights)
 
     def _build_private(self, key: str, payload: Callable[[], Any], reason: Exception

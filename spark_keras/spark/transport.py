@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Callable, cast
 from .. import flavour
 from ..errors import ChannelError, PayloadChangedError, PayloadError, SparkKerasError
 from ..payload import host_file
-from ..payload.shipment import Shipment
+from ..payload.shipment import Shipment, _verifies
 from ..payload.stored import StoredModel
 from .channel_client import DriverBusy
 from .driver_payload import DriverPayload
@@ -306,12 +306,35 @@ class StorageTransport(Transport):
                 return self.served.read()
 
         try:
-            return _build_written(recipe, key, nbytes, share_weights, write, in_memory)
+            return _build_written(recipe, key, nbytes, share_weights, write, in_memory,
+                                  verify=self.check_file)
         except PayloadError as exc:
             if self.stored.uri in str(exc):
                 raise
             raise PayloadError(f"the model read from {self.stored.uri!r} cannot be loaded: "
                                f"{exc}") from exc
+
+
+    def check_file(self, path: str) -> None:
+        """Refuse the executor's payload file at ``path`` (found written, before a
+        worker builds from it) unless it is the payload the driver read (its body
+        digest; the body is checked against it as the file is loaded)."""
+        try:
+            self.stored.check(path)
+        except PayloadError as exc:
+            if not _verifies(path):
+                return  # damaged: its load fails, and it is written again
+            raise _altered(path, f"the model read from {self.stored.uri!r}",
+                           f"is not the payload the driver read ({exc})") from exc
+
+
+def _altered(path: str, what: str, why: str) -> PayloadError:
+    """The refusal of an executor's payload file found written that is not ``what`` but
+    would load (a damaged one is let through: its own digest fails it as it is loaded,
+    and it is written again, :meth:`Shipment.build_shared`)."""
+    return PayloadError(f"the payload file {path} of {what} {why}: it was replaced or altered "
+                        f"on this executor after it was written; refused, nothing was built "
+                        f"from it (remove the file to have it written again)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +366,17 @@ class ServedTransport(Transport):
         return cls(address, name, index, file_digest(path))
 
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
-        return _build_written(recipe, key, nbytes, share_weights, self.write, self.read)
+        return _build_written(recipe, key, nbytes, share_weights, self.write, self.read,
+                              verify=self.check_file)
+
+    def check_file(self, path: str) -> None:
+        """Refuse the executor's payload file at ``path`` (found written, before a
+        worker builds from it) unless its SHA-256 is the one the driver fixed (see
+        :func:`_altered` for a damaged one)."""
+        found = file_digest(path)
+        if not hmac.compare_digest(found, self.sha256) and _verifies(path):
+            raise _altered(path, f"model {self.name} version {self.index}",
+                           f"has sha256 {found}, not {self.sha256}, the digest the driver fixed")
 
     def write(self, out: Any) -> None:
         """Write the payload into ``out`` (an open file, or a buffer), from its start;
@@ -425,16 +458,17 @@ def file_digest(path: str) -> str:
 
 
 def _build_written(recipe: Shipment, key: str, nbytes: int, share_weights: bool,
-                   write: Any, in_memory: Any) -> tuple:
+                   write: Any, in_memory: Any, verify: Any = None) -> tuple:
     """``(model, nbytes, memory)`` built on the executor's file of ``key``, which the
     first worker writes with ``write(file)`` (``in_memory()``: the payload, if the
-    folder cannot be written)."""
+    folder cannot be written); ``verify(path)`` refuses a file found written that is
+    not the expected payload (:func:`.host_file.land`)."""
     share = share_weights and flavour.current().shares_weights
     folder = executor_folder()
     if folder is not None:
         _join_executor_file(folder, key)
         return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share,
-                                   fallback=in_memory)
+                                   fallback=in_memory, verify=verify)
     with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
         return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False,
-                                   fallback=in_memory)
+                                   fallback=in_memory, verify=verify)
