@@ -111,14 +111,16 @@ def write_local(path: str | os.PathLike, data: Any) -> None:
         raise StorageError(f"cannot write {os.fspath(path)!r}: {exc}") from exc
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], Any]) -> None:
+def write_atomically(path: str, write: Callable[[BinaryIO], Any], mode: int = 0o666) -> None:
     """Create ``path`` whole or not at all: ``write(file)`` fills a temporary file of
     this call's own, ``<path>.tmp-<pid>-<random>``, which is then renamed to ``path``.
     Writers racing for one path, in threads or processes, each rename a whole file of
     theirs: the last rename wins. On any failure (of ``write``, of the disk) the
-    temporary file is removed and the error raised as it is."""
+    temporary file is removed and the error raised as it is. The file is created with
+    ``mode`` (less the umask), from its first byte on."""
     tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
-    f = open(tmp, "x+b")  # never another writer's file (nothing to remove if it fails)
+    # never another writer's file (nothing to remove if it fails)
+    f = os.fdopen(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode), "r+b")
     try:
         with f:
             write(f)

@@ -373,6 +373,32 @@ def test_an_executor_file_replaced_after_it_was_written_is_refused_at_build(tmp_
         server.close()
 
 
+def test_the_executors_payload_files_are_the_owners_alone(tmp_path, monkeypatch):
+    """A served version's payload lands in the executor's folder as the owner's alone
+    (folder 0700, the file, its lock and users files 0600: the executor's workers all
+    run as its user), whatever the umask lets through; a model saved by the user keeps
+    the umask's mode."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    model = models.mlp(n_features=8, hidden=16, name="mode1")
+    payload = sk.dumps(model)
+    server = Server("127.0.0.1")
+    umask = os.umask(0o022)
+    try:
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        served = ServedTransport.of(server.address, "m", 1, server.keep_payload("m", 1, payload))
+        served.build(Shipment(b"", b""), "mode1", len(payload), share_weights=True)
+        folder = executor_folder()
+        modes = {name: os.stat(os.path.join(folder, name)).st_mode & 0o777
+                 for name in os.listdir(folder)}
+        assert os.stat(folder).st_mode & 0o777 == 0o700
+        assert modes == {"mode1.skp": 0o600, "mode1.skp.lock": 0o600, "mode1.skp.users": 0o600}
+        sk.save(model, tmp_path / "saved.skp")
+        assert os.stat(tmp_path / "saved.skp").st_mode & 0o777 == 0o644
+    finally:
+        os.umask(umask)
+        server.close()
+
+
 # --- a slow driver: one version per action --------------------------------------------------
 
 def _scoring(handle):

@@ -18,6 +18,8 @@ Protocol, for processes that may start, die or race at any moment:
   dead writers and the lock file itself; a process granted a lock on a lock file that
   no longer has its name lets it go and takes the new one, so mutual exclusion holds
   across a discard;
+* the folder, the files and their lock and users files are the owner's alone (0700 and
+  0600): the processes sharing them run as one user;
 * a folder that cannot be written (full, read-only, denied) raises
   :class:`LocalWriteError` naming it, with no temporary file left behind: the caller
   can still build from the payload in memory; a source that fails (the network) raises
@@ -90,14 +92,15 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
     if damaged is None and _complete(path, nbytes):
         return _checked(path, verify)
     with _local_failures(folder, path):
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         with _locked(f"{path}.lock"):
             current = identity(path)
             found = _complete(path, nbytes) and (damaged is None or current != damaged)
             if not found:
                 _remove_stale(path)
                 started = time.perf_counter()
-                write_atomically(path, functools.partial(_write_checked, write, key, nbytes))
+                write_atomically(path, functools.partial(_write_checked, write, key, nbytes),
+                                 mode=0o600)
                 if verify is not None:
                     _remember_checked(path)
     if found:
@@ -253,7 +256,7 @@ def join(folder: str, key: str, owner: int | None = None) -> int:
     Raises:
         OSError: the folder or the users file cannot be made.
     """
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     path = users_path(folder, key)
     record = process_identity(owner) if owner is not None else None
     while True:
