@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import os
 import pickle
 import socket
+import ssl
 import struct
 import textwrap
 import time
@@ -35,7 +37,7 @@ from spark_keras.errors import ChannelError, LocalWriteError, PayloadError, Spar
 from spark_keras.inference import predictor_for
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment
-from spark_keras.spark import channel_client, shipped_objects, task_version
+from spark_keras.spark import channel_client, channel_server, shipped_objects, task_version
 from spark_keras.spark.transport import ServedTransport, executor_folder
 from spark_keras.spark.version_server import Address, Server
 from spark_keras.spark.versions import Schedule, Version
@@ -56,6 +58,7 @@ class StallingRelay(Relay):
         self.stall, self.stall_for = set(stall), stall_for
         self.reset_after = dict(reset_after or {})
         self.stalled = self.resets = 0
+        self.passed: dict[int, int] = {}  # the server's bytes passed, by connection
         super().__init__(target)
 
     def via(self, address: Address) -> Address:
@@ -81,6 +84,8 @@ class StallingRelay(Relay):
                 break
             dst.sendall(data)
             passed += len(data)
+            if number is not None:
+                self.passed[number] = passed
 
 
 def _frame(spark, x, partitions: int = 4):
@@ -277,6 +282,78 @@ def test_a_stalled_download_is_tried_again_and_lands_whole(tmp_path, monkeypatch
         assert sorted(os.listdir(folder)) == ["m.skp", "m.skp.lock"]
     finally:
         relay.close()
+        server.close()
+
+
+def test_a_cut_download_resumes_where_it_stopped(tmp_path):
+    """A transfer reset after 1 MiB of a 4 MiB payload: the next attempt asks for the rest
+    (Range) and appends it to the same file; the whole is checked against the driver's
+    digest. It used to start again from the first byte."""
+    payload = os.urandom(4 << 20)
+    server = Server("127.0.0.1")
+    relay = StallingRelay(("127.0.0.1", server.address.port), reset_after={0: 1 << 20})
+    try:
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        served = ServedTransport.of(relay.via(server.address), "m", 1,
+                                    server.keep_payload("m", 1, payload))
+        folder = str(tmp_path / "host")
+        path = host_file.land(folder, "m", len(payload), write=served.write)
+        with open(path, "rb") as f:
+            assert f.read() == payload
+        assert relay.resets == 1 and relay.count == 2
+        assert relay.passed[1] < len(payload) - (512 << 10), relay.passed  # the rest alone
+        assert sorted(os.listdir(folder)) == ["m.skp", "m.skp.lock"]
+        with pytest.raises(SparkKerasError, match="416 .* past the answer's"):
+            channel_client.download(server.address, "m", 1, io.BytesIO(), start=len(payload))
+    finally:
+        relay.close()
+        server.close()
+
+
+def test_a_slow_reader_is_kept_while_it_makes_progress(monkeypatch):
+    """A reader that takes the answer steadily but slowly (1 MB/s, here against a 0.2 s
+    timeout, the driver's 30 s scaled down) takes much longer than the timeout in all:
+    it gets the whole payload. The timeout used to bound each 256 KiB chunk, so such a
+    reader was dropped once the kernel's buffers were full (about 3 MB in)."""
+    monkeypatch.setattr(channel_server, "WRITE_TIMEOUT", 0.2)
+    payload = os.urandom(6 << 20)  # more than the kernel's socket buffers hold
+    server = Server("127.0.0.1")
+    try:
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        server.keep_payload("m", 1, payload)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        raw.connect(("127.0.0.1", server.address.port))
+        with context.wrap_socket(raw) as sock:
+            sock.settimeout(10)
+            sock.sendall(b"GET /payload?name=m&index=1 HTTP/1.1\r\nX-Spark-Keras-Token: %s"
+                         b"\r\n\r\n" % server.address.token.encode())
+            answer, started = bytearray(), time.monotonic()
+            while data := sock.recv(4096):
+                answer += data
+                time.sleep(len(data) / 1e6)
+        assert answer.endswith(payload), (len(answer), len(payload))
+        assert time.monotonic() - started > 10 * channel_server.WRITE_TIMEOUT
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        raw.connect(("127.0.0.1", server.address.port))
+        with context.wrap_socket(raw) as stalled:  # a reader that takes nothing is dropped
+            stalled.sendall(b"GET /payload?name=m&index=1 HTTP/1.1\r\nX-Spark-Keras-Token: %s"
+                            b"\r\n\r\n" % server.address.token.encode())
+            deadline = time.monotonic() + 10
+            while server._channel.connections() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            while server._channel.connections() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server._channel.connections() == 0
+            stalled.settimeout(10)
+            received = 0
+            while data := stalled.recv(65536):
+                received += len(data)
+            assert received < len(payload)  # cut short: the driver let it go
+    finally:
         server.close()
 
 

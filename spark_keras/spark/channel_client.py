@@ -110,19 +110,21 @@ def ask(address: Address, name: str, scope: str | None) -> dict[str, Any]:
                            f"not JSON ({exc})") from exc
 
 
-def download(address: Address, name: str, index: int, out: BinaryIO) -> int:
-    """Write version ``index``'s payload from the driver into ``out``; its size.
+def download(address: Address, name: str, index: int, out: BinaryIO, start: int = 0) -> int:
+    """Write version ``index``'s payload from the driver into ``out``, from byte ``start``
+    on (a transfer cut short, resumed: ``Range``); the number of bytes written.
 
     Raises:
         ChannelError: the driver cannot be reached, or the transfer failed (reset, timed
-            out, fewer bytes than announced); what ``out`` holds then is incomplete.
+            out, fewer bytes than announced); what ``out`` holds then is incomplete (every
+            byte written to it is the payload's, in order).
         ChannelTrustError: the server is not the driver (its certificate).
         SparkKerasError: the driver refused, or its copy of that version is missing.
     """
     query = urllib.parse.urlencode({"name": name, "index": index})
     buffer = memoryview(bytearray(_CHUNK))
     total = 0
-    with _exchange(address, f"/payload?{query}", name, index) as response:
+    with _exchange(address, f"/payload?{query}", name, index, start) as response:
         while True:
             with _in_transit(address, "/payload"):
                 n = response.readinto(buffer)
@@ -135,10 +137,14 @@ def download(address: Address, name: str, index: int, out: BinaryIO) -> int:
 
 
 @contextlib.contextmanager
-def _exchange(address: Address, path: str, name: str,
-              index: int | None = None) -> Iterator[http.client.HTTPResponse]:
-    """A response of status 200 to ``GET path``, from the pinned server only."""
+def _exchange(address: Address, path: str, name: str, index: int | None = None,
+              start: int = 0) -> Iterator[http.client.HTTPResponse]:
+    """A response of status 200 to ``GET path`` (206 from byte ``start`` on, if not 0),
+    from the pinned server only."""
     route, message = path.split("?")[0], ""
+    headers = {TOKEN_HEADER: address.token}
+    if start:
+        headers["Range"] = f"bytes={start}-"
     connection = http.client.HTTPSConnection(address.host, address.port, timeout=TIMEOUT,
                                              context=_context())
     try:
@@ -146,9 +152,9 @@ def _exchange(address: Address, path: str, name: str,
             connection.connect()
         _check_pinned(connection.sock, address)
         with _in_transit(address, route):
-            connection.request("GET", path, headers={TOKEN_HEADER: address.token})
+            connection.request("GET", path, headers=headers)
             response = connection.getresponse()
-            if response.status != 200:
+            if response.status not in (200, 206):
                 message = response.read(_REFUSAL_BYTES).decode("utf-8", "replace").strip()
         if response.status == 503:
             raise DriverBusy(f"the driver at {address.url} is serving its maximum of readers "
@@ -156,11 +162,16 @@ def _exchange(address: Address, path: str, name: str,
         if response.status == 410 and index is not None:
             raise SparkKerasError(f"the driver's copy of version {index} of model {name} is "
                                   f"missing ({message})")
-        if response.status != 200:
+        if response.status not in (200, 206):
             hint = " (a destroyed BroadcastModel, or another driver's?)" \
                 if response.status in (403, 404) else ""
             raise SparkKerasError(f"the driver's model versions at {address.url} refused {route}: "
                                   f"{response.status} {response.reason}: {message}{hint}")
+        resumed = (response.getheader("Content-Range") or "").startswith(f"bytes {start}-")
+        if (response.status == 206) != bool(start) or (start and not resumed):
+            raise ChannelError(f"the driver at {address.url} answered {route} from byte {start} "
+                               f"with {response.status} (Content-Range "
+                               f"{response.getheader('Content-Range')!r})")
         yield response
     finally:
         connection.close()

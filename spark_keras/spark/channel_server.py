@@ -21,15 +21,19 @@ constant time, then hands the path and query to a function that answers them
   file descriptors, accepting pauses ``ACCEPT_PAUSE`` seconds each time (logged once):
   it never spins;
 * **time**: the TLS handshake and the whole request head within ``HEAD_TIMEOUT`` seconds
-  of the connection; each chunk of an answer taken by the reader within
-  ``WRITE_TIMEOUT`` seconds, or the connection is dropped. No keep-alive: no connection
-  stays idle after its answer;
+  of the connection; then progress: a reader that takes nothing of what the kernel
+  queued for it for ``WRITE_TIMEOUT`` seconds is dropped, however long a slow one takes
+  in all (progress read from the socket's send queue, ``TIOCOUTQ``; where it cannot be,
+  each wait for room in that queue gets ``WRITE_TIMEOUT`` seconds). No keep-alive: no
+  connection stays idle after its answer;
 * **memory**: a request head of at most ``HEAD_BYTES`` and ``HEAD_LINES`` header lines
   (else 431); per connection OpenSSL's state (tens of KiB), plus one ``CHUNK`` while it
   streams a payload to a reader that showed the token.
 
-Refusals (a bad token, a malformed request) answer 4xx with a one-line reason, logged
-at WARNING the first time for each status and at DEBUG after.
+A file answer honours ``Range: bytes=<start>-`` (``206``, ``Content-Range``): a reader
+whose transfer was cut resumes where it stopped. Refusals (a bad token, a malformed
+request) answer 4xx with a one-line reason, logged at WARNING the first time for each
+status and at DEBUG after.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ import hmac
 import http
 import logging
 import os
+import re
 import socket
 import ssl
+import struct
 import tempfile
 import threading
 import time
@@ -61,13 +67,14 @@ GRACE = 0.5  # seconds a connection keeps its place at the cap before showing th
 OVERFLOW_TIMEOUT = 5.0  # seconds an overflow connection gets for its handshake, head, answer
 RETRY_AFTER = 2  # seconds a reader told 503 (the cap is full of readers) waits, at least
 HEAD_TIMEOUT = 10.0
-WRITE_TIMEOUT = 30.0
+WRITE_TIMEOUT = 30.0  # seconds a reader may take nothing of an answer
 HEAD_BYTES = 8 << 10
 HEAD_LINES = 32
 CHUNK = 256 << 10
 ACCEPT_PAUSE = 1.0
 TOKEN_HEADER = b"x-spark-keras-token"
 _OUT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_RANGE = re.compile(rb"bytes=([0-9]{1,18})-")
 
 
 class Refused(Exception):
@@ -81,12 +88,13 @@ class Refused(Exception):
 @dataclasses.dataclass
 class Answer:
     """A request's answer: ``body`` (of type ``kind``), or ``size`` bytes read from
-    ``file`` (closed once sent)."""
+    ``file`` (closed once sent), from byte ``start`` on if the request asked so."""
 
     body: bytes = b""
     kind: str = "application/json"
     file: BinaryIO | None = None
     size: int = 0
+    start: int = 0
 
 
 Answering = Callable[[str, dict[str, str]], Answer]  # (path, query) -> answer; may raise Refused
@@ -302,13 +310,18 @@ class Channel:
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
                 await self._io(sock, sock.do_handshake)
-                path, query = self._request(await self._read_head(sock))
+                path, query, start = self._request(await self._read_head(sock))
             connection.shown = True
             answer = await self._answer(connection, path, query)
-            if connection.overflow and answer.file is not None:
-                answer.file.close()
-                raise Refused(503, f"the driver is serving its maximum of {self.cap} readers: "
-                                   f"come back in {RETRY_AFTER} s")
+            if answer.file is not None:
+                if connection.overflow:
+                    answer.file.close()
+                    raise Refused(503, f"the driver is serving its maximum of {self.cap} "
+                                       f"readers: come back in {RETRY_AFTER} s")
+                if start and start >= answer.size:
+                    answer.file.close()
+                    raise Refused(416, f"bytes={start}- is past the answer's {answer.size} bytes")
+                answer.start = start
         except Refused as exc:
             # 404: a destroyed handle's late tasks; 500: a defect, logged; 503: logged once
             if exc.status in (404, 500, 503):
@@ -345,8 +358,10 @@ class Channel:
             head += data
         return bytes(head[:end])
 
-    def _request(self, head: bytes) -> tuple[str, dict[str, str]]:
-        """A request head's path and query, once its token is checked."""
+    def _request(self, head: bytes) -> tuple[str, dict[str, str], int]:
+        """A request head's path, query and the byte a file answer starts at (its
+        ``Range: bytes=<start>-``, else 0; any other range is ignored), once its token is
+        checked."""
         lines = head.split(b"\r\n")
         if len(lines) > HEAD_LINES + 1 or len(head) > HEAD_BYTES:
             raise Refused(431, f"a request head is at most {HEAD_BYTES} bytes and "
@@ -356,13 +371,16 @@ class Channel:
             raise Refused(400, "a malformed request line")
         if parts[0] != b"GET":
             raise Refused(405, "only GET is answered")
-        token = b""
+        token, start = b"", 0
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
             if not colon:
                 raise Refused(400, "a malformed header line")
-            if name.strip().lower() == TOKEN_HEADER:
+            name = name.strip().lower()
+            if name == TOKEN_HEADER:
                 token = value.strip()
+            elif name == b"range" and (asked := _RANGE.fullmatch(value.strip())):
+                start = int(asked.group(1))
         if not hmac.compare_digest(token, self._token):  # bytes: any content compares
             raise Refused(403, "bad token")
         try:
@@ -370,15 +388,20 @@ class Channel:
             query = dict(urllib.parse.parse_qsl(url.query, max_num_fields=8, errors="strict"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise Refused(400, f"a malformed request target ({exc})") from None
-        return url.path, query
+        return url.path, query, start
 
     async def _send_answer(self, sock: ssl.SSLSocket, answer: Answer) -> None:
         if answer.file is None:
             await self._send(sock, self._head(200, answer.kind, len(answer.body)) + answer.body)
             return
         try:
-            await self._send(sock, self._head(200, answer.kind, answer.size))
-            left = answer.size
+            left = answer.size - answer.start
+            if answer.start:
+                answer.file.seek(answer.start)
+                await self._send(sock, self._head(206, answer.kind, left, (
+                    f"Content-Range: bytes {answer.start}-{answer.size - 1}/{answer.size}\r\n")))
+            else:
+                await self._send(sock, self._head(200, answer.kind, left))
             while left > 0:
                 try:
                     chunk = await self._loop.run_in_executor(self._pool, answer.file.read,
@@ -395,22 +418,49 @@ class Channel:
             answer.file.close()
 
     async def _send(self, sock: ssl.SSLSocket, data: bytes) -> None:
+        """Send ``data`` to a reader that keeps taking it (:meth:`_taken`)."""
         view = memoryview(data)
         while view:
-            async with asyncio.timeout(WRITE_TIMEOUT):
-                sent = await self._io(sock, functools.partial(sock.send, view))
+            sent = await self._io(sock, functools.partial(sock.send, view), sending=True)
             view = view[sent:]
 
-    async def _io(self, sock: ssl.SSLSocket, operation: Callable[[], Any]) -> Any:
+    async def _io(self, sock: ssl.SSLSocket, operation: Callable[[], Any],
+                  sending: bool = False) -> Any:
         """``operation()`` (a call on the non-blocking socket), again each time TLS can
-        go on, until it completes."""
+        go on, until it completes; ``sending``: within the reader's progress bound."""
         while True:
             try:
                 return operation()
             except ssl.SSLWantReadError:
-                await self._ready(sock, self._loop.add_reader, self._loop.remove_reader)
+                readable = self._ready(sock, self._loop.add_reader, self._loop.remove_reader)
+                if sending:
+                    async with asyncio.timeout(WRITE_TIMEOUT):
+                        await readable
+                else:
+                    await readable
             except ssl.SSLWantWriteError:
-                await self._ready(sock, self._loop.add_writer, self._loop.remove_writer)
+                if sending:
+                    await self._taken(sock)
+                else:
+                    await self._ready(sock, self._loop.add_writer, self._loop.remove_writer)
+
+    async def _taken(self, sock: ssl.SSLSocket) -> None:
+        """Return once ``sock`` has room to write; raise ``TimeoutError`` once the reader
+        took nothing of what the kernel queued for it for ``WRITE_TIMEOUT`` seconds (the
+        queue did not shrink: the kernel wakes a writer only once a third of a large
+        buffer drained, which a slow reader may take longer than that to do)."""
+        queued, since = _queued(sock), self._loop.time()
+        while (left := since + WRITE_TIMEOUT - self._loop.time()) > 0:
+            try:
+                async with asyncio.timeout(left if queued is None else min(left, WRITE_TIMEOUT / 4)):
+                    await self._ready(sock, self._loop.add_writer, self._loop.remove_writer)
+                return
+            except TimeoutError:
+                now = _queued(sock)
+                if queued is not None and now is not None and now < queued:
+                    since = self._loop.time()  # progress
+                queued = now
+        raise TimeoutError(f"the reader took nothing for {WRITE_TIMEOUT:.0f} s")
 
     async def _ready(self, sock: ssl.SSLSocket, add: Callable[..., Any],
                      remove: Callable[[int], Any]) -> None:
@@ -436,6 +486,18 @@ class Channel:
         level = logging.DEBUG if kind in self._logged else logging.WARNING
         self._logged.add(kind)
         logger.log(level, message, *args, exc_info=exc_info)
+
+
+def _queued(sock: socket.socket) -> int | None:
+    """The bytes in ``sock``'s kernel send queue, not yet acknowledged by the reader's
+    (None where the kernel does not tell)."""
+    try:
+        import fcntl
+        import termios
+
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (ImportError, AttributeError, OSError, struct.error):
+        return None
 
 
 def _resolve(future: asyncio.Future) -> None:

@@ -348,9 +348,9 @@ class ServedTransport(Transport):
     (:func:`file_digest`) and carried by the handle (a first version) or the driver's
     authenticated answer (later ones): the download is hashed as it is written and
     refused, before anything uses it, unless it matches. A download the network cuts
-    (reset, stalled, refused) is tried again, from the start of the same file, up to
-    :data:`DOWNLOAD_ATTEMPTS` times: only a failure to write the local file is the
-    folder's (:class:`~spark_keras.errors.LocalWriteError`). A driver serving its maximum
+    (reset, stalled, refused) resumes where it stopped, in the same file (``Range``),
+    until :data:`DOWNLOAD_ATTEMPTS` attempts in a row add nothing: only a failure to
+    write the local file is the folder's (:class:`~spark_keras.errors.LocalWriteError`). A driver serving its maximum
     of readers says when to come back (503): asked again then, for up to
     :data:`BUSY_WAIT` seconds, without counting attempts."""
 
@@ -385,13 +385,14 @@ class ServedTransport(Transport):
         from . import version_server
 
         delay, attempt, busy_since = 1.0, 0, None
+        hashing = _Hashing(out)
         while True:
-            out.seek(0)
+            start = hashing.written  # a transfer cut short resumes after its last byte
+            out.seek(start)
             out.truncate()
-            hashing = _Hashing(out)
             try:
                 version_server.download(self.address, self.name, self.index,
-                                        cast(BinaryIO, hashing))  # download() only writes
+                                        cast(BinaryIO, hashing), start)  # download() only writes
                 break
             except DriverBusy as exc:  # not an attempt: come back when the driver says
                 busy_since = busy_since or time.monotonic()
@@ -404,13 +405,16 @@ class ServedTransport(Transport):
                             exc, self.index, self.name, exc.retry_after)
                 time.sleep(exc.retry_after * random.uniform(1.0, 2.0))  # not all at once
             except ChannelError as exc:
+                if hashing.written > start:  # progress: the attempts that added nothing count
+                    delay, attempt = 1.0, 0
                 attempt += 1
                 if attempt == DOWNLOAD_ATTEMPTS:
                     raise ChannelError(f"cannot download version {self.index} of model "
-                                       f"{self.name} from the driver ({attempt} attempts): "
-                                       f"{exc}") from exc
+                                       f"{self.name} from the driver ({attempt} attempts "
+                                       f"without progress): {exc}") from exc
                 logger.warning("the download of version %d of model %s from the driver failed "
-                               "(%s); trying again in %.0f s", self.index, self.name, exc, delay)
+                               "after %d bytes (%s); trying again from there in %.0f s",
+                               self.index, self.name, hashing.written, exc, delay)
                 time.sleep(delay)
                 delay *= 2
         out.flush()
@@ -430,7 +434,7 @@ class ServedTransport(Transport):
         return buffer.getvalue()
 
 
-# downloads from the driver that the network cut, tried again (1, 2, 4 s apart)
+# attempts in a row that add no byte to a download from the driver (1, 2, 4 s apart)
 DOWNLOAD_ATTEMPTS = 4
 # seconds a download keeps coming back while the driver answers that it serves its
 # maximum of readers (503, channel_server.RETRY_AFTER): not counted as attempts
@@ -442,10 +446,13 @@ class _Hashing:
 
     def __init__(self, out: Any) -> None:
         self._out, self._hash = out, hashlib.sha256()
+        self.written = 0
 
     def write(self, data: Any) -> int:
         self._hash.update(data)
-        return self._out.write(data)
+        n = self._out.write(data)
+        self.written += memoryview(data).nbytes
+        return n
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
