@@ -57,15 +57,18 @@ def test_each_reason_is_the_error_the_row_raises_alone(case):
         model = mlp(N_FEATURES)
         arr = pa.array([r for _, r in rows_with_bad_ones(12)], pa.list_(pa.float64()))
         bad = [3, 11]
+        classes = ["input: null", "input: NaN"]
     else:
         model = image_model()
         arr = image_column([(4, 4), (4, 4), (5, 4), (4, 4), (3, 3)])
         bad = [2, 4]
+        classes = ["input: image size", "input: image size"]
     handle = SimpleNamespace(predictor=predictor_for(model))
     scored = score(handle, cols.from_arrow(["x"], [arr]), batch_size=8, on_invalid="null",
                    reasons=True)
     assert np.flatnonzero(scored.invalid).tolist() == bad
     assert [i for i, r in enumerate(scored.reasons) if r is not None] == bad
+    assert [(i, c) for i, c in enumerate(scored.classes) if c is not None] == list(zip(bad, classes))
     for row in bad:
         with pytest.raises(sk.ModelInputError) as raised:
             score(handle, cols.from_arrow(["x"], [arr[row:row + 1]]), batch_size=8,
@@ -107,6 +110,9 @@ def test_error_col_and_observed_figures(build_log, frame, bm):
     got = {r.id: (r.prediction, r.error) for r in out.collect()}
     figures = first.get
     assert figures["rows"] == 30 and figures["invalid_rows"] == 3, figures
+    # by class of reason: what is wrong, without where (row 3 null, 11 NaN, 22 short)
+    assert figures["invalid_by_reason"] == {"input: null": 1, "input: NaN": 1,
+                                            "input: shape": 1}, figures
     errors = {i: e for i, (_, e) in got.items() if e is not None}
     assert sorted(errors) == sorted(BAD)
     assert all(got[i][0] is None for i in BAD) and all(got[i][0] is not None
@@ -125,6 +131,11 @@ def test_error_col_and_observed_figures(build_log, frame, bm):
     more = sum(builds_by_worker(build_log, bm.key).values()) - builds
     assert second.get["model_builds"] == more and second.get["rows"] == 30, second.get
     assert second.get["invalid_rows"] == 3
+    assert sum(second.get["invalid_by_reason"].values()) == 3  # classes made without error_col
+    clean = Observation("clean")
+    bm.transform(frame.where(~frame.id.isin(list(BAD))), "features", on_invalid="null",
+                 observe=clean).count()
+    assert clean.get["invalid_rows"] == 0 and clean.get["invalid_by_reason"] == {}
     assert (second.get["build_seconds"] > 0) == (more > 0)
 
 
@@ -157,6 +168,8 @@ def test_streaming_query_reports_the_figures(spark, bm, tmp_path):
     assert sum(o["rows"] for o in observed) == 30
     assert sum(o["invalid_rows"] for o in observed) == 3
     assert [o["invalid_rows"] for o in observed] == [2, 1]  # rows 3, 11 | row 22
+    assert [o["invalid_by_reason"] for o in observed] == \
+        [{"input: null": 1, "input: NaN": 1}, {"input: shape": 1}]
     sink = spark.read.parquet(str(tmp_path / "sink")).where("error is not null")
     assert sorted(r.id for r in sink.select("id").collect()) == sorted(BAD)
 

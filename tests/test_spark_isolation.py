@@ -153,6 +153,7 @@ def test_keras_transformer_isolates_and_counts_them_in_observe(spark, handles):
     handles[case.name].transform(_frame(spark, case), "features", on_invalid="null",
                                  observe=seen).collect()
     assert seen.get["invalid_rows"] == len(case.bad) and seen.get["rows"] == len(case.rows)
+    assert seen.get["invalid_by_reason"] == {"model: InvalidArgumentError": len(case.bad)}
 
 
 def test_on_invalid_error_names_the_row_column_and_message(spark, handles):

@@ -48,12 +48,20 @@ def leaf_kind(spec: TensorSpec) -> str:
     return "string" if spec.dtype == "string" else "number"
 
 
+# the classes of input problems (a reason's class is ``"input: <kind>"``, see
+# :meth:`ColumnRead.reason_class`)
+NULL, NAN, SHAPE = "null", "NaN", "shape"
+IMAGE_MODE, IMAGE_DATA, IMAGE_SIZE = "image mode", "image data", "image size"
+
+
 @dataclass
 class Problem:
-    """One way rows of a column cannot be scored: which rows, and how to say it for one."""
+    """One way rows of a column cannot be scored: which rows, how to say it for one, and
+    its class (``kind``: :data:`NULL`, :data:`NAN`, :data:`SHAPE`, an image's...)."""
 
     rows: np.ndarray  # bool, True = this problem affects the row
     describe: Callable[[int, str], str]  # (row index, "row 5 of this batch") -> text
+    kind: str
 
 
 @dataclass
@@ -140,6 +148,10 @@ class ColumnRead:
         column, what is wrong, what the input expects), for ``on_invalid="null"``."""
         return f"{self._what(row, names)}; {self._expected()}"
 
+    def reason_class(self, row: int) -> str:
+        """The class of :meth:`reason` (``"input: NaN"``): what is wrong, without where."""
+        return f"input: {next(p for p in self.problems if p.rows[row]).kind}"
+
 
 def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     """``(len(starts), size)``: the ``size`` values from each start, copied run by run
@@ -206,4 +218,4 @@ def null_rows(arr: pa.Array) -> list[Problem]:
     """The problem of null rows, if ``arr`` has any."""
     if not arr.null_count:
         return []
-    return [Problem(nulls(arr), lambda r, at: f"null value(s), first at {at}")]
+    return [Problem(nulls(arr), lambda r, at: f"null value(s), first at {at}", NULL)]

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ModelCallError, ModelInputError
 from .column_read import ColumnRead, kind, leaf_kind
 from .columns import Columns, assign, flat
-from .isolation import RowFailure, columns_text, reason, reason_text
+from .isolation import RowFailure, columns_text, reason, reason_class, reason_text
 from .options import Buckets, check_on_invalid
 from .rows import RowNames
 from .specs import Signature, TensorSpec, empty_outputs
@@ -24,7 +24,8 @@ from .walk import read_column
 class Scored:
     """A batch's predictions: ``outputs`` (flat, signature order) for the valid rows only;
     ``invalid`` marks the rows left out (None: every row was scored); ``reasons``, when
-    asked for, says why."""
+    asked for, says why, and ``classes`` the class of each reason (``"input: NaN"``,
+    ``"model: InvalidArgumentError"``: what is wrong, without where, to count by)."""
 
     signature: Signature
     outputs: list[np.ndarray]
@@ -32,6 +33,7 @@ class Scored:
     # when asked for: why each row of ``invalid`` was left out (an object array of
     # texts, None for scored rows); None when every row was scored
     reasons: np.ndarray | None = None
+    classes: np.ndarray | None = None  # made with ``reasons``, alike
 
     @property
     def rows(self) -> int:
@@ -64,9 +66,10 @@ def check_inputs(columns: Columns, signature: Signature, resize: str | None = No
 
 def _model_inputs(columns: Columns, signature: Signature, on_invalid: str, names: RowNames,
                   reasons: bool, resize: str | None = None
-                  ) -> tuple[list[np.ndarray], np.ndarray | None, np.ndarray | None]:
-    """:func:`model_inputs`, and with ``reasons`` why each invalid row is (see
-    :func:`invalid_reasons`)."""
+                  ) -> tuple[list[np.ndarray], np.ndarray | None,
+                             tuple[np.ndarray, np.ndarray] | None]:
+    """:func:`model_inputs`, and with ``reasons`` why each invalid row is and the class
+    of that reason (see :func:`invalid_reasons`)."""
     check_on_invalid(on_invalid)
     reads = [_read(spec, cols, resize) for spec, cols in assign(columns, signature)]
     invalid = None
@@ -85,15 +88,17 @@ def _model_inputs(columns: Columns, signature: Signature, on_invalid: str, names
 
 
 def invalid_reasons(reads: list[list[ColumnRead]], invalid: np.ndarray | None,
-                    names: RowNames | None = None) -> np.ndarray | None:
+                    names: RowNames | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Per row, why it is invalid: the error ``on_invalid="error"`` would raise for it
     (its first column at fault, in input order, and that column's first problem with
-    it), without the count and the hint; None for valid rows. Texts are made for the
-    invalid rows only; None when there are none."""
+    it), without the count and the hint; None for valid rows. And the class of each
+    (``"input: NaN"``, :meth:`ColumnRead.reason_class`). Texts are made for the invalid
+    rows only; None when there are none."""
     if invalid is None:
         return None
     names = names or RowNames()
     out = np.full(len(invalid), None, dtype=object)
+    classes = np.full(len(invalid), None, dtype=object)
     todo = invalid.copy()
     for group in reads:
         for r in group:
@@ -102,8 +107,9 @@ def invalid_reasons(reads: list[list[ColumnRead]], invalid: np.ndarray | None,
                 continue
             for row in np.flatnonzero(bad & todo):
                 out[row] = r.reason(int(row), names)
+                classes[row] = r.reason_class(int(row))
             todo &= ~bad
-    return out
+    return out, classes
 
 
 def _read(spec: TensorSpec, cols: list, resize: str | None = None) -> list[ColumnRead]:
@@ -156,11 +162,12 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
     names_of = RowNames.of(where, first_row, ids, positions)
     preprocess = getattr(handle, "preprocess", None)
     n, names = _rows_and_names(columns)
-    failed: dict[int, str] = {}  # batch row -> why a call raised on it
+    failed: dict[int, tuple[str, str]] = {}  # batch row -> why a call raised on it, its class
     if preprocess is not None:
         found: dict[int, BaseException] | None = {} if on_invalid == "null" else None
         columns = preprocess.apply(columns, signature, names_of, failures=found)
-        failed.update({row: reason("preprocess", exc) for row, exc in (found or {}).items()})
+        failed.update({row: (reason("preprocess", exc), reason_class("preprocess", exc))
+                       for row, exc in (found or {}).items()})
         if n and len(failed) == n:  # nothing left to read
             return _with_failures(Scored(signature, empty_outputs(signature), None), failed,
                                   n, reasons)
@@ -181,21 +188,25 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
             ok = np.ones(len(rows), dtype=bool)
             ok[list(found)] = False
             outputs = [o[ok] for o in outputs]
-            failed.update({int(rows[k]): reason("model", exc) for k, exc in found.items()})
-    scored = Scored(signature, outputs, invalid, why)
+            failed.update({int(rows[k]): (reason("model", exc), reason_class("model", exc))
+                           for k, exc in found.items()})
+    scored = Scored(signature, outputs, invalid, *(why or (None, None)))
     return _with_failures(scored, failed, n, reasons) if failed else scored
 
 
-def _with_failures(scored: Scored, failed: dict[int, str], n: int, reasons: bool) -> Scored:
-    """``scored`` with the ``failed`` rows (batch row -> reason) marked invalid too."""
+def _with_failures(scored: Scored, failed: dict[int, tuple[str, str]], n: int,
+                   reasons: bool) -> Scored:
+    """``scored`` with the ``failed`` rows (batch row -> reason and its class) marked
+    invalid too."""
     invalid = np.zeros(n, dtype=bool) if scored.invalid is None else scored.invalid.copy()
     invalid[list(failed)] = True
-    why = None
-    if reasons:
-        why = np.full(n, None, dtype=object) if scored.reasons is None else scored.reasons.copy()
-        for row, text in failed.items():
-            why[row] = text
-    return Scored(scored.signature, scored.outputs, invalid, why)
+    if not reasons:
+        return Scored(scored.signature, scored.outputs, invalid)
+    why, classes = (np.full(n, None, dtype=object) if a is None else a.copy()
+                    for a in (scored.reasons, scored.classes))
+    for row, (text, of_class) in failed.items():
+        why[row], classes[row] = text, of_class
+    return Scored(scored.signature, scored.outputs, invalid, why, classes)
 
 
 def _rows_and_names(columns: Columns) -> tuple[int, list[str]]:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ModelInputError
-from .column_read import ColumnRead, Problem, nulls
+from .column_read import IMAGE_DATA, IMAGE_MODE, IMAGE_SIZE, NULL, ColumnRead, Problem, nulls
 from .specs import TensorSpec
 
 # OpenCV types Spark's reader produces for 8-bit images: CV_8UC1, CV_8UC3, CV_8UC4
@@ -58,18 +58,19 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
     lengths = np.diff(offsets)
     problems = []
     if missing.any():
-        problems.append(Problem(missing, lambda r, at: f"null image or image field at {at}"))
+        problems.append(Problem(missing, lambda r, at: f"null image or image field at {at}",
+                                NULL))
     unsupported = ~missing & np.array([_EIGHT_BIT_MODES.get(int(m)) != int(c)
                                        for m, c in zip(mode, channels)], dtype=bool)
     if unsupported.any():
         problems.append(Problem(unsupported, lambda r, at: (
             f"the image at {at} has mode {int(mode[r])} with {int(channels[r])} channel(s); "
-            f"only 8-bit images (modes 0, 16, 24: 1, 3 or 4 channels) are read")))
+            f"only 8-bit images (modes 0, 16, 24: 1, 3 or 4 channels) are read"), IMAGE_MODE))
     damaged = ~missing & ~unsupported & (lengths != height * width * channels)
     if damaged.any():
         problems.append(Problem(damaged, lambda r, at: (
             f"the image at {at} has {int(lengths[r])} data bytes for {int(height[r])} x "
-            f"{int(width[r])} x {int(channels[r])}")))
+            f"{int(width[r])} x {int(channels[r])}"), IMAGE_DATA))
     # what each row becomes: the input's channels, and its size if resized
     out_c = channels if want_c is None or want_c not in _PIL_MODES else np.full(n, want_c)
     out_h = height if resize is None or want_h is None else np.full(n, want_h)
@@ -83,7 +84,8 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
             f"the image at {at}{_origin(origin, r)} is {int(height[r])} x {int(width[r])} x "
             f"{int(channels[r])}; the model input takes "
             f"{' x '.join('any' if d is None else str(d) for d in spec.shape)}"
-            + ("" if resize is not None else " (resize='bilinear' resizes images to it)"))))
+            + ("" if resize is not None else " (resize='bilinear' resizes images to it)")),
+            IMAGE_SIZE))
     bad = missing | unsupported | damaged | misfit
     starts = offsets[:-1] - offsets[0]
     changed = ~bad & ((out_c != channels) | (out_h != height) | (out_w != width))

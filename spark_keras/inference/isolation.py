@@ -211,6 +211,12 @@ def reason(stage: str, exc: BaseException) -> str:
     return out if len(out) <= REASON_CHARS else out[:REASON_CHARS - 3] + "..."
 
 
+def reason_class(stage: str, exc: BaseException) -> str:
+    """The class of :func:`reason` (``"model: InvalidArgumentError"``): its text before the
+    message."""
+    return f"{stage}: {type(exc).__name__}"
+
+
 def columns_text(names: list) -> str:
     """``column 'a'`` or ``columns 'a', 'b'``, for error messages."""
     quoted = ", ".join(repr(str(n)) for n in names)

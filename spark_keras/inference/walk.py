@@ -21,6 +21,9 @@ import pyarrow as pa
 
 from ..errors import ModelInputError
 from .column_read import (
+    NAN,
+    NULL,
+    SHAPE,
     ColumnRead,
     Problem,
     any_in,
@@ -156,7 +159,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         dims_here = shape[level:] if level == depth - 1 else shape[level:level + 1]
         row_len, uneven = _row_lengths(arr, lo, hi)
         if level:
-            problems.append(Problem(uneven, _not_rectangular(level)))
+            problems.append(Problem(uneven, _not_rectangular(level), SHAPE))
         known = math.prod(d for d in dims_here if d is not None)
         takes = str(known) if None not in dims_here else \
             "a non-empty array" if known == 1 else f"a non-empty multiple of {known}"
@@ -168,7 +171,7 @@ def _read_ragged(name: str, arr: pa.Array, spec: TensorSpec, depth: int) -> Colu
         else:
             wrong = row_len != known
             dims[:, level:level + len(dims_here)] = cast("tuple[int, ...]", dims_here)  # no None
-        problems.append(Problem(wrong & ~uneven, _wrong_length(level, row_len, takes)))
+        problems.append(Problem(wrong & ~uneven, _wrong_length(level, row_len, takes), SHAPE))
         arr, lo, hi = _step_down(arr, _offsets(arr), lo, hi, problems)
     leaf, first = _read_leaf(arr, lo, hi, problems)
     return ColumnRead(name, spec, n, leaf, lo - first, [p for p in problems if p.rows.any()],
@@ -190,7 +193,7 @@ def _step_down(arr: pa.Array, offsets: np.ndarray, lo: np.ndarray, hi: np.ndarra
     arr = arr.values
     if arr.null_count:
         problems.append(Problem(any_in(nulls(arr), lo, hi),
-                                 lambda r, at: f"null array element(s), first at {at}"))
+                                 lambda r, at: f"null array element(s), first at {at}", NULL))
     return arr, lo, hi
 
 
@@ -204,7 +207,8 @@ def _read_leaf(arr: pa.Array, lo: np.ndarray, hi: np.ndarray,
     leaf = leaf_arr.to_numpy(zero_copy_only=False)
     nonfinite = nonfinite_mask(leaf, leaf_arr)
     if nonfinite is not None:
-        problems.append(Problem(any_in(nonfinite, lo - first, hi - first), describe_nonfinite))
+        problems.append(Problem(any_in(nonfinite, lo - first, hi - first), describe_nonfinite,
+                                NAN))
     return leaf, first
 
 
@@ -233,7 +237,7 @@ def _read_numbers(name: str, arr: pa.Array, spec: TensorSpec,
     leaf = arr.to_numpy(zero_copy_only=False)
     nonfinite = nonfinite_mask(leaf, arr)
     if nonfinite is not None:
-        problems.append(Problem(nonfinite, describe_nonfinite))
+        problems.append(Problem(nonfinite, describe_nonfinite, NAN))
     return ColumnRead(name, spec, len(arr), leaf, None, [p for p in problems if p.rows.any()])
 
 
@@ -249,7 +253,7 @@ def _width_problem(wrong: np.ndarray, lengths: np.ndarray, lo: np.ndarray, hi: n
         level_note = f" at nesting level {level}" if depth > 1 else ""
         return f"ragged arrays: {at} has {got} values{level_note} where {width} are expected"
 
-    return Problem(rows, describe)
+    return Problem(rows, describe, SHAPE)
 
 
 def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRead:
@@ -280,7 +284,7 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
         what = f"has {int(lengths[r])} values" if dense[r] else f"has size {int(sizes[r])}"
         return f"the {'dense' if dense[r] else 'sparse'} vector at {at} {what}"
 
-    problems.append(Problem(misshapen, describe_shape))
+    problems.append(Problem(misshapen, describe_shape, SHAPE))
     rows = np.repeat(np.arange(n), lengths)
     position = np.arange(len(rows)) - np.repeat(v_off[:-1] - v_off[0], lengths)
     cols = position.copy()
@@ -293,16 +297,18 @@ def _read_vectors(name: str, arr: pa.StructArray, spec: TensorSpec) -> ColumnRea
         outside = (cols < 0) | (cols >= size)
         problems.append(Problem(
             np.bincount(rows[outside], minlength=n).astype(bool),
-            lambda r, at: f"the sparse vector at {at} has an index outside 0..{size - 1}"))
+            lambda r, at: f"the sparse vector at {at} has an index outside 0..{size - 1}",
+            SHAPE))
     flat_values = values.values.slice(int(v_off[0]), int(v_off[-1] - v_off[0]))
     if flat_values.null_count:
         problems.append(Problem(np.bincount(rows[nulls(flat_values)], minlength=n).astype(bool),
-                                 lambda r, at: f"null array element(s), first at {at}"))
+                                 lambda r, at: f"null array element(s), first at {at}",
+                                 NULL))
     got = flat_values.to_numpy(zero_copy_only=False)
     nonfinite = nonfinite_mask(got, flat_values)
     if nonfinite is not None:
         problems.append(Problem(np.bincount(rows[nonfinite], minlength=n).astype(bool),
-                                 describe_nonfinite))
+                                 describe_nonfinite, NAN))
     problems = [p for p in problems if p.rows.any()]
     bad = np.zeros(n, dtype=bool)
     for p in problems:

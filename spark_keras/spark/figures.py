@@ -1,4 +1,5 @@
-"""The build figures of an observed transform, made in the Python workers.
+"""The build figures of an observed transform, made in the Python workers (and each
+batch's invalid rows by class of reason, :func:`reasons_column`).
 
 A worker process counts the model builds it made while scoring each query (a Spark SQL
 execution) and hands them to the first batch of each stage of that query it scores.
@@ -13,11 +14,14 @@ Spark 3.5 keeps the sampling job's observation instead, adding it to the observe
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from typing import Any, Hashable
+from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING, Any, Hashable
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from ..inference.engine import Scored
 
 # how many recent queries a process keeps figures for (one entry per model and query)
 _KEEP = 64
@@ -97,3 +101,28 @@ def builds_columns(rows: int, builds: int, seconds: float) -> list[pa.Array]:
     valid[:1] = True
     return [pa.array(np.full(rows, value, dtype=dtype), mask=~valid)
             for value, dtype in ((builds, np.int64), (seconds, np.float64))]
+
+
+# a batch's invalid rows by class of reason: [{reason, rows}, ...] on its first row
+REASONS_ARROW = pa.list_(pa.struct([("reason", pa.string()), ("rows", pa.int64())]))
+
+
+def reasons_type() -> Any:
+    """The Spark type of :func:`reasons_column`."""
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+    return ArrayType(StructType([StructField("reason", StringType()),
+                                 StructField("rows", LongType())]))
+
+
+def reasons_column(scored: "Scored") -> pa.Array:
+    """The hidden column of one batch's invalid rows by class of reason: null but on its
+    first row, which holds ``[{"reason": class, "rows": count}, ...]`` (sorted by class)
+    if the batch has invalid rows (their classes made: ``Scored.classes``)."""
+    rows = scored.rows
+    if scored.invalid is None or not scored.invalid.any():
+        return pa.nulls(rows, REASONS_ARROW)
+    assert scored.classes is not None  # asked for with the figures
+    counts = Counter(c for c, bad in zip(scored.classes, scored.invalid) if bad)
+    first = [{"reason": str(k), "rows": v} for k, v in sorted(counts.items(), key=str)]
+    return pa.array([first] + [None] * (rows - 1), REASONS_ARROW)

@@ -308,10 +308,11 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
 
 
 def _in_row_order(signature: Signature, scored: list[Scored], order: np.ndarray, n: int) -> Scored:
-    """The invalid rows (and reasons) of a batch's keys' ``scored`` rows (in ``order``),
-    as one batch's: what the task's budget counts."""
+    """The invalid rows (and reasons, and their classes) of a batch's keys' ``scored`` rows
+    (in ``order``), as one batch's: what the task's budget counts."""
     invalid = np.zeros(n, dtype=bool)
     why = np.full(n, None, dtype=object)
+    classes = np.full(n, None, dtype=object)
     start = 0
     for part in scored:
         at = order[start:start + part.rows]
@@ -320,7 +321,9 @@ def _in_row_order(signature: Signature, scored: list[Scored], order: np.ndarray,
             invalid[at] = part.invalid
         if part.reasons is not None:
             why[at] = part.reasons
-    return Scored(signature, [], invalid, why)
+        if part.classes is not None:
+            classes[at] = part.classes
+    return Scored(signature, [], invalid, why, classes)
 
 
 def _holds(key_type: pa.DataType, key: Hashable) -> bool:
@@ -366,7 +369,10 @@ def _unknown(models: KeyedModels, keys: pa.Array, on_invalid: str, reasons: bool
     n = len(values)
     why = np.array([f"key: no model for key {v!r}" if v is not None else "key: the key is null"
                     for v in values], dtype=object)
-    scored = Scored(models.signature, empty_outputs(models.signature), np.ones(n, dtype=bool), why)
+    classes = np.array(["key: unknown" if v is not None else "key: null" for v in values],
+                       dtype=object)
+    scored = Scored(models.signature, empty_outputs(models.signature), np.ones(n, dtype=bool),
+                    why, classes)
     out = [to_arrow(scored)]
     if reasons:
         out.append(pa.array(why, pa.string()))

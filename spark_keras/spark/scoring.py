@@ -123,11 +123,14 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any,
 
 
 # What an observed transform reports. ``rows`` and ``invalid_rows`` (a null prediction)
-# are counted by the JVM; the builds come from the workers in two hidden columns, null but
-# on the first row of each batch, summed by ``df.observe`` and dropped after
-METRICS = ("rows", "invalid_rows", "model_builds", "build_seconds")
+# are counted by the JVM; the builds and the invalid rows by class of reason
+# (``invalid_by_reason``: {"input: NaN": 3, ...}) come from the workers in three hidden
+# columns, null but on the first row of each batch, summed by ``df.observe`` and dropped
+# after
+METRICS = ("rows", "invalid_rows", "model_builds", "build_seconds", "invalid_by_reason")
 _BUILDS, _BUILD_SECONDS = "__spark_keras_builds", "__spark_keras_build_seconds"
-_HIDDEN = (_BUILDS, _BUILD_SECONDS)
+_REASONS = "__spark_keras_reasons"
+_HIDDEN = (_BUILDS, _BUILD_SECONDS, _REASONS)
 
 
 def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
@@ -191,7 +194,8 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
         for hidden in set(_HIDDEN) & set(columns):
             raise ModelInputError(f"column {hidden!r} of the DataFrame is one an observed "
                                   f"transform adds for its figures: rename it")
-        fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType())]
+        fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType()),
+                   StructField(_REASONS, build_figures.reasons_type())]
     score_batches = functools.partial(scorer or _scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
                                       figures=observe is not None, max_invalid=max_invalid,
@@ -207,13 +211,21 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
 
 
 def _metrics(column: Any, output_col: str) -> list:
-    """The :data:`METRICS` aggregates over the prediction and the two hidden build
-    columns, each found by ``column(name)``."""
+    """The :data:`METRICS` aggregates over the prediction and the three hidden figures
+    columns, each found by ``column(name)``: the batches' counts by class of reason
+    (``[{reason, rows}, ...]``, on the first row of the batches that have invalid rows)
+    summed into one map."""
     from pyspark.sql import functions as F
 
+    def add(acc: Any, entry: Any) -> Any:
+        return F.map_zip_with(acc, F.create_map(entry["reason"], entry["rows"]),
+                              lambda _, a, b: F.coalesce(a, F.lit(0)) + F.coalesce(b, F.lit(0)))
+
+    by_reason = F.aggregate(F.flatten(F.collect_list(column(_REASONS))),
+                            F.create_map().cast("map<string,bigint>"), add)
     values = (F.count(F.lit(1)), F.count(F.when(column(output_col).isNull(), 1)),
               F.coalesce(F.sum(column(_BUILDS)), F.lit(0)),
-              F.coalesce(F.sum(column(_BUILD_SECONDS)), F.lit(0.0)))
+              F.coalesce(F.sum(column(_BUILD_SECONDS)), F.lit(0.0)), by_reason)
     return [value.alias(name) for name, value in zip(METRICS, values)]
 
 
@@ -226,9 +238,10 @@ def _scored_columns(handle: ModelHandle, names: list[str],
     name the rows in errors and reasons): the prediction, the reasons
     (``reasons``), the version's label (``version``) and the hidden figures columns
     (``figures``: the builds this process made for this query that this stage has not
-    reported, see :mod:`.figures`). The batches are one task's, scored by one version
-    of the model: its invalid rows are held against ``max_invalid``; ``buckets``
-    (checked) pads variable-length rows (:mod:`spark_keras.inference.buckets`)."""
+    reported, see :mod:`.figures`, and the batch's invalid rows by class of reason). The
+    batches are one task's, scored by one version of the model: its invalid rows are held
+    against ``max_invalid``; ``buckets`` (checked) pads variable-length rows
+    (:mod:`spark_keras.inference.buckets`)."""
     handle = handle.for_task()
     budget = InvalidBudget(max_invalid)
     if figures:
@@ -239,7 +252,7 @@ def _scored_columns(handle: ModelHandle, names: list[str],
         ids = None if id_col is None else (id_col, arrays.pop())
         scored, out = batch_columns(handle, names, arrays, batch_size=batch_size,
                                     on_invalid=on_invalid, reasons=reasons, version=version,
-                                    ids=ids, budget=budget, buckets=buckets)
+                                    ids=ids, budget=budget, buckets=buckets, explain=figures)
         if figures:
             now = build_figures.builds_of(handle.key)
             build_figures.ledger.add(handle.key, query, now[0] - seen[0], now[1] - seen[1])
@@ -248,6 +261,7 @@ def _scored_columns(handle: ModelHandle, names: list[str],
             reported = build_figures.ledger.report(handle.key, query, stage) if scored.rows \
                 else (0, 0.0)
             out += build_figures.builds_columns(scored.rows, *reported)
+            out.append(build_figures.reasons_column(scored))
         yield out
     budget.finish()
 
@@ -255,15 +269,17 @@ def _scored_columns(handle: ModelHandle, names: list[str],
 def batch_columns(handle: ModelHandle, names: list[str], arrays: Sequence[pa.Array], *,
                   batch_size: int, on_invalid: str, reasons: bool, version: bool,
                   ids: tuple[str, Any] | None, budget: InvalidBudget,
-                  buckets: Buckets = None, positions: Any = None
+                  buckets: Buckets = None, positions: Any = None, explain: bool = False
                   ) -> tuple[Scored, list[pa.Array]]:
     """One batch scored by ``handle`` (a task's version), its variable-length rows padded
     into ``buckets`` if given: the prediction column, then the reasons (``reasons``) and the
     version's label (``version``); its invalid rows are held against ``budget``.
-    ``positions``: the rows' numbers in the batch, when they are some of its rows."""
+    ``positions``: the rows' numbers in the batch, when they are some of its rows.
+    ``explain``: the reasons and their classes made (in the :class:`Scored`) even when
+    not returned."""
     scored = score(handle, cols.from_arrow(names, list(arrays)), batch_size=batch_size,
-                   on_invalid=on_invalid, reasons=reasons or budget.active, ids=ids,
-                   buckets=buckets, positions=positions)
+                   on_invalid=on_invalid, reasons=reasons or budget.active or explain,
+                   ids=ids, buckets=buckets, positions=positions)
     budget.add(scored)
     out = [to_arrow(scored)]
     if reasons:
