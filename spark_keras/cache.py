@@ -11,6 +11,9 @@ Limits come from ``SPARK_KERAS_CACHE_MAX_ENTRIES`` / ``SPARK_KERAS_CACHE_MAX_BYT
 With ``SPARK_KERAS_BUILD_LOG=/some/dir`` every build is also appended, as one JSON line,
 to ``/some/dir/builds-<host>-<pid>.jsonl``: a record that outlives worker processes
 (Spark discards idle or interrupted workers, and their :func:`cache_info` with them).
+Each call size a model was held to because a larger call ran out of memory
+(:mod:`spark_keras.inference.call_sizes`) goes to ``call-rows-<host>-<pid>.jsonl``
+beside it (``read_build_log(folder, "call-rows")``).
 """
 
 from __future__ import annotations
@@ -101,6 +104,11 @@ class ModelCache:
             _log_build(key, seconds, nbytes, {**entry.memory, **entry.placement})
             return entry
 
+    def key_of(self, model: Any) -> str | None:
+        """The key of the entry holding ``model`` (None: not cached here)."""
+        with self._lock:
+            return next((k for k, e in self._entries.items() if e.value is model), None)
+
     def _hit(self, key: str) -> _Entry | None:
         entry = self._entries.get(key)
         if entry is not None:
@@ -180,6 +188,9 @@ class ModelCache:
 
     def info(self) -> dict[str, Any]:
         with self._lock:
+            models = {k: e.value for k, e in self._entries.items()}
+        call_rows = _call_rows(models)
+        with self._lock:
             return {
                 "pid": os.getpid(),
                 "builds": sum(self._builds.values()),
@@ -190,6 +201,7 @@ class ModelCache:
                 "keys": list(self._entries),
                 "memory_by_key": {k: dict(e.memory) for k, e in self._entries.items()},
                 "placement_by_key": {k: dict(e.placement) for k, e in self._entries.items()},
+                "call_rows_by_key": call_rows,
                 "bytes": self._total_bytes(),
                 "build_seconds": sum(self._build_seconds.values()),
                 "max_entries": self.max_entries,
@@ -203,27 +215,53 @@ def _device_keys(keys: Any, key: str) -> list[str]:
     return [k for k in keys if k == key or k.startswith(f"{key}@")]
 
 
+def _call_rows(models: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per cached model, the call sizes its predictor kept (only those that kept some)."""
+    if not models:
+        return {}
+    from .inference.predictor import call_rows_of  # Keras is loaded: models are cached
+
+    found = {key: call_rows_of(model) for key, model in models.items()}
+    return {key: rows for key, rows in found.items() if rows}
+
+
+def note_call_rows(model: Any, record: dict[str, Any]) -> str | None:
+    """Write ``record`` (a call size ``model`` was held to: ``shape``, ``rows``, ``tried``,
+    ``reason``) to the build log's ``call-rows`` file, with the model's cache key; the key
+    (None: the model is not cached here, a driver's own model say)."""
+    key = model_cache.key_of(model)
+    _log_record("call-rows", {"key": key, "model": getattr(model, "name", None), **record})
+    return key
+
+
 def _log_build(key: str, seconds: float, nbytes: int, memory: dict[str, Any]) -> None:
+    _log_record("builds", {"key": key, "seconds": round(seconds, 4), "nbytes": nbytes, **memory})
+
+
+def _log_record(kind: str, fields: dict[str, Any]) -> None:
+    """Append ``fields`` (with pid, host and time) to ``<kind>-<host>-<pid>.jsonl`` in the
+    ``SPARK_KERAS_BUILD_LOG`` folder, if one is set."""
     folder = os.environ.get("SPARK_KERAS_BUILD_LOG")
     if not folder:
         return
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "key": key,
-              "seconds": round(seconds, 4), "nbytes": nbytes, "time": time.time(), **memory}
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **fields}
     try:
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"builds-{record['host']}-{record['pid']}.jsonl")
+        path = os.path.join(folder, f"{kind}-{record['host']}-{record['pid']}.jsonl")
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
     except OSError as exc:  # observability must never break scoring
         logger.warning("cannot write build log in %s: %s", folder, exc)
 
 
-def read_build_log(folder: str) -> list[dict[str, Any]]:
-    """All build records written under ``folder`` (see ``SPARK_KERAS_BUILD_LOG``)."""
+def read_build_log(folder: str, kind: str = "builds") -> list[dict[str, Any]]:
+    """All records of ``kind`` written under ``folder`` (see ``SPARK_KERAS_BUILD_LOG``):
+    ``"builds"``, one per model build, or ``"call-rows"``, one per call size a model was
+    held to after a call ran out of memory."""
     records = []
     if os.path.isdir(folder):
         for name in sorted(os.listdir(folder)):
-            if name.startswith("builds-") and name.endswith(".jsonl"):
+            if name.startswith(f"{kind}-") and name.endswith(".jsonl"):
                 with open(os.path.join(folder, name), encoding="utf-8") as f:
                     records += [json.loads(line) for line in f if line.strip()]
     return records
@@ -259,7 +297,10 @@ def cache_info() -> dict[str, Any]:
         Spark assigned the task, if any), ``task_cpus`` and TensorFlow's
         ``intra_op_threads`` / ``inter_op_threads`` (0: TensorFlow's default). A model
         built for another GPU has its own entry, keyed ``<key>@GPU:<i>``. The build log
-        records the same fields.
+        records the same fields. ``call_rows_by_key``: per cached model whose calls ran
+        out of memory, the most rows per call it is held to since (shape of a row's
+        inputs -> rows), for this process's life; the build log's ``call-rows`` records
+        say the same.
     """
     return model_cache.info()
 

@@ -18,6 +18,7 @@ from .. import flavour
 from ..errors import ModelError
 from ..flavour import CompiledCall
 from .buckets import Group, Padding, exact_groups, padded_groups, trimmed
+from .call_sizes import CallSizes, ShapeKey, out_of_memory, shape_key
 from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
 from .masking import padding_of
 from .options import DEFAULT_BATCH_SIZE
@@ -39,6 +40,8 @@ class Predictor:
         self.signature = signature or signature_of(model)
         self._call = self._compile()
         self._padding: Padding | None = None
+        # the most rows per call, per shape, where a larger call ran out of memory
+        self.call_sizes = CallSizes()
 
     def _flat_outputs(self, outputs: Any) -> list[Any]:
         names = self.signature.output_names
@@ -196,41 +199,92 @@ class Predictor:
 
     def _batched(self, arrays: Sequence[np.ndarray], batch_size: int,
                  failures: dict[int, BaseException] | None = None) -> list[np.ndarray]:
+        """The outputs of the rows of ``arrays`` (of one shape per input) in calls of
+        ``batch_size`` rows, or of the fewer rows calls of their shape were held to after a
+        larger one ran out of memory (:mod:`.call_sizes`). A call that runs out of memory
+        is followed by one more call of as many rows: if that one runs out too, the rows
+        are called again in calls of half as many; if it works, that size fits and the
+        first call's rows are searched (:meth:`_searched`). A call that raises otherwise is
+        searched for the rows that raise."""
         n = len(arrays[0]) if arrays else 0
-        parts: list[Isolated[list[np.ndarray]] | list[np.ndarray]] = []
-        for i in range(0, max(n, 1), batch_size):
-            chunk = arrays if n <= batch_size else [a[i:i + batch_size] for a in arrays]
+        key, sizes = shape_key(arrays), self.call_sizes
+        size = sizes.start(key, batch_size)
+        parts: list[tuple[int, int, Isolated[list[np.ndarray]] | list[np.ndarray]]] = []
+        pending: list[tuple[int, int, BaseException]] = []  # ran out, at a size not known to fit
+        tried: tuple[int, BaseException] | None = None  # the first call that ran out
+        i = 0
+        while True:
+            stop = min(i + size, n)
+            chunk = arrays if stop - i == n else [a[i:stop] for a in arrays]
             try:
-                parts.append(self._call(chunk))
+                got: Isolated[list[np.ndarray]] | list[np.ndarray] = self._call(chunk)
             except Exception as exc:  # a row the model cannot take, perhaps: find it
-                parts.append(self._isolated(arrays, i, min(i + batch_size, n), exc, failures))
+                if out_of_memory(exc) and stop - i > 1 and not sizes.worked(key, stop - i):
+                    tried = tried or (stop - i, exc)
+                    if not pending and stop < n:  # too many rows, or these rows? once more
+                        pending.append((i, stop, exc))
+                        i = stop
+                    else:  # twice at this size: the same rows again, in smaller calls
+                        first, last = pending[0][:2] if pending else (i, stop)
+                        i, size = first, (last - first + 1) // 2
+                        pending.clear()
+                    continue
+                got = self._searched(arrays, i, stop, exc, failures, key)
+                size = sizes.start(key, size)
+            else:
+                if tried is not None and stop - i == size:  # a size that fits
+                    size, tried = sizes.fitted(self.model, key, size, *tried), None
+                parts += [(a, b, self._searched(arrays, a, b, exc, failures, key))
+                          for a, b, exc in pending]  # ran out beside a call that worked
+                pending.clear()
+            parts.append((i, stop, got))
+            i = stop
+            if i >= n:
+                break
+        parts.sort(key=lambda part: part[0])
         # a call's outputs are the template of the rows that failed (their zeros): of a
         # chunk whose every row failed, another chunk's (a per-step output's shape is only
         # known from a call)
-        template = next((p for p in parts if not isinstance(p, Isolated)),
-                        next((p.parts[0][2] for p in parts
+        template = next((p for _, _, p in parts if not isinstance(p, Isolated)),
+                        next((p.parts[0][2] for _, _, p in parts
                               if isinstance(p, Isolated) and p.parts), None))
         done = [p if not isinstance(p, Isolated) else
-                _with_placeholders(p, i * batch_size, min((i + 1) * batch_size, n),
-                                   template or empty_outputs(self.signature))
-                for i, p in enumerate(parts)]
+                _with_placeholders(p, a, b, template or empty_outputs(self.signature))
+                for a, b, p in parts]
         return done[0] if len(done) == 1 else [np.concatenate(c) for c in zip(*done)]
 
-    def _isolated(self, arrays: Sequence[np.ndarray], start: int, stop: int, exc: Exception,
+    def _searched(self, arrays: Sequence[np.ndarray], start: int, stop: int,
+                  exc: BaseException, failures: dict[int, BaseException] | None,
+                  key: ShapeKey) -> Isolated[list[np.ndarray]]:
+        """:meth:`_isolated`; and when the call ran out of memory but the search scored
+        every row in smaller calls, memory shrank: the largest of them is the size kept."""
+        found = self._isolated(arrays, start, stop, exc, failures)
+        if out_of_memory(exc) and not found.failures and found.parts:
+            self.call_sizes.fitted(self.model, key, max(b - a for a, b, _ in found.parts),
+                                   stop - start, exc)
+        return found
+
+    def _isolated(self, arrays: Sequence[np.ndarray], start: int, stop: int, exc: BaseException,
                   failures: dict[int, BaseException] | None) -> Isolated[list[np.ndarray]]:
         """The search's parts of rows ``start`` to ``stop``, the call having raised ``exc``
         on them: the rows that raise alone recorded in ``failures``, or the first of them
-        raised as a :class:`RowFailure`."""
+        raised as a :class:`RowFailure`. Without ``failures``, a call that ran out of
+        memory is searched whole too (its rows' results kept): only a row that runs out
+        alone is raised."""
         def call(ranges: Ranges) -> list[np.ndarray]:
             return self._call([_rows(x, ranges) for x in arrays])
 
-        if failures is None:
+        if failures is None and not out_of_memory(exc):
             first = first_failure(call, start, stop, exc)
             if first is None:
                 raise exc
             raise RowFailure(*first) from first[1]
         found = isolate(call, start, stop, exc, split=_split)
-        failures.update(found.failures)
+        if failures is None and found.failures:
+            row = min(found.failures)
+            raise RowFailure(row, found.failures[row]) from found.failures[row]
+        if failures is not None:
+            failures.update(found.failures)
         return found
 
 
@@ -322,3 +376,10 @@ def predictor_for(model: Any) -> Predictor:
                 predictor = Predictor(model)
                 object.__setattr__(model, _ATTR, predictor)
     return predictor
+
+
+def call_rows_of(model: Any) -> dict[str, int]:
+    """The call sizes ``model``'s predictor kept after calls ran out of memory (shape ->
+    rows per call, :mod:`.call_sizes`); empty when none did, or it has no predictor."""
+    predictor = getattr(model, "__dict__", {}).get(_ATTR)
+    return predictor.call_sizes.info() if predictor is not None else {}
