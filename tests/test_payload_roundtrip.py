@@ -11,6 +11,7 @@ from keras import layers
 
 import spark_keras as sk
 from spark_keras.payload import format as fmt
+from spark_keras.payload.codec import load_mapped
 
 from . import models
 
@@ -368,3 +369,39 @@ def test_variables_missing_from_the_payload_get_their_initializers(tmp_path, rng
     np.testing.assert_array_equal(  # same random streams as Keras's own loader
         keras.ops.convert_to_numpy(clone(x, training=True)),
         keras.ops.convert_to_numpy(reference(x, training=True)))
+
+
+@keras.saving.register_keras_serializable(package="sk_tests")
+class CallCounter(layers.Layer):
+    """Counts its calls in a Keras weight it assigns inside ``call`` (as a stateful
+    custom layer does): Keras traces ``call`` to infer shapes while the model is rebuilt."""
+
+    def build(self, input_shape):
+        self.count = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                     name="count")
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        self.count.assign_add(1.0)
+        return x * self.scale
+
+
+@pytest.mark.parametrize("share_weights", [False, True])
+def test_a_layer_assigning_its_state_in_call_round_trips(tmp_path, rng, share_weights):
+    """A layer whose ``call`` assigns one of its weights rebuilds (it raised "could not be
+    lifted out of a tf.function": the skipped initializer met a symbolic value), with the
+    weights and predictions of keras.saving.load_model."""
+    model = keras.Sequential([keras.Input((3,)), CallCounter(), layers.Dense(2)])
+    x = rng.standard_normal((5, 3)).astype("float32")
+    model.layers[0].scale.assign(rng.standard_normal(3).astype("float32"))
+    model(x)
+    model(x)
+    sk.save(model, tmp_path / "m.skm")
+    clone, _ = load_mapped(tmp_path / "m.skm", share_weights=share_weights)
+    model.save(tmp_path / "m.keras")
+    reference = keras.saving.load_model(tmp_path / "m.keras")
+    for mine, theirs in zip(clone.variables, reference.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine),
+                                      keras.ops.convert_to_numpy(theirs))
+    assert float(keras.ops.convert_to_numpy(clone.layers[0].count)) == 2.0
+    assert_same_predictions(reference, clone, x)

@@ -29,6 +29,7 @@ from keras.src.saving.serialization_lib import (
     deserialize_keras_object,
     serialize_keras_object,
 )
+from keras.src.utils.backend_utils import in_tf_graph
 
 from ..errors import PayloadError
 from .assets import Assets, asset_store, read_tree
@@ -161,6 +162,16 @@ def _install_initializer_patch() -> None:
 
         def assign(self, value):
             pending = getattr(_local, "pending", None)
+            if pending and id(self) in pending and self._value is None and in_tf_graph():
+                # a layer's call assigning its own state (a counter's assign_add) while
+                # Keras traces it to learn its output shape: a symbolic value cannot be a
+                # buffer; the variable gets its initializer's value now, outside the trace
+                # (as Keras gives it), and the payload's when its turn comes
+                _, initializer = pending.pop(id(self))
+                self._initializer = None
+                with _outside_traces():
+                    original_init(self, initializer)
+                return original_assign(self, value)
             if pending and pending.pop(id(self), None) is not None and self._value is None:
                 tensor = shared_tensor(value, self._dtype) if getattr(_local, "share", False) \
                     else None
@@ -178,6 +189,16 @@ def _install_initializer_patch() -> None:
         variable_cls._initialize_with_initializer = _initialize_with_initializer
         variable_cls.assign = assign
         _patched = True
+
+
+def _outside_traces() -> Any:
+    """TensorFlow's ``init_scope`` (eager, outside any function being traced) where the
+    backend is TensorFlow's, else a scope that does nothing."""
+    if backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.init_scope()
+    return contextlib.nullcontext()
 
 
 _SAVEABLE_TYPES = ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss")
