@@ -10,7 +10,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-slow test-bench test-compat lint demo bench bench-tf-keras fuzz fuzz-engine check-java venv clean
+.PHONY: test test-slow test-heavy test-bench test-compat lint demo bench bench-tf-keras fuzz fuzz-engine check-java venv clean
 
 venv: $(STAMP)
 
@@ -31,12 +31,18 @@ check-java:
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required by PySpark 4, found '$$v' (java -version)" >&2; exit 1; fi
 
 # The fast path (about 14 min here: the test modules share one Spark session);
-# `make test-slow` runs the cases marked slow (about 30 min), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
+# `make test-slow` runs the cases marked slow (about 30 min), `make test-heavy` those marked heavy too (not in CI), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
 test: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" --durations=20 $(PYTEST_ARGS)
 
 test-slow: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not bench" --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+
+# The heaviest end-to-end cases (two to four minutes each here: local-cluster with payloads
+# past every heap, SIGKILLed jobs resumed, fresh drivers): not in CI, whose time they would
+# pass; run them before a release and after touching what they cover.
+test-heavy: check-java $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "heavy and not bench" --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 test-bench: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m bench $(PYTEST_ARGS)

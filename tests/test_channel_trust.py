@@ -677,6 +677,7 @@ _NEW_OBJECTS_ACROSS_EXECUTORS = textwrap.dedent("""
 
 
 @pytest.mark.slow  # a cluster of its own: 1-4 min
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_new_custom_objects_reach_other_executors_through_sparks_authenticated_files(tmp_path):
     """On a local cluster (executors in JVMs of their own) with spark.authenticate and
     network encryption on: an update whose class only the driver's ``__main__`` defines

@@ -381,6 +381,7 @@ def _deps_path() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_a_packed_environment_shipped_with_spark_archives(installed, tmp_path):
     pytest.importorskip("venv_pack")
     env = _bare_venv(tmp_path / "env")
@@ -492,6 +493,7 @@ def standalone(tmp_path_factory):
 
 
 @pytest.mark.slow  # a master, two workers and a job: about 90 s
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_installed_job_on_a_standalone_cluster(installed, payload, standalone):
     """spark-submit --master spark://... of the installed job, on two workers of a real
     standalone cluster; no spark.pyspark.python given: the executors run the job's own

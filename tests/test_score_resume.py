@@ -455,6 +455,7 @@ def test_connect_progress_counts_the_stages_not_done():
 
 
 @pytest.mark.slow  # two jobs on a local Spark Connect server of their own: 2-4 minutes
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 @pytest.mark.timeout(900)
 def test_connect_resumes_with_the_clients_paths_and_progress(data, tmp_path):
     """``--remote local[2]`` from the data folder with relative paths: the commits are

@@ -216,6 +216,7 @@ def test_a_stream_that_meets_bad_rows_keeps_running(spark, handles, tmp_path):
 
 
 @pytest.mark.slow  # its own local-cluster session: about a minute
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_isolation_across_executors_on_local_cluster(tmp_path):
     session = make_spark("local-cluster[2,1,1024]", str(tmp_path), **{
         "spark.task.maxFailures": "4"})

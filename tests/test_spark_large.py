@@ -128,6 +128,7 @@ def test_a_payload_larger_than_the_driver_heap_ships_and_scores_exactly():
 
 
 @pytest.mark.slow  # two executors, 1.2 GiB of weights, 512 MiB heaps: about 2 minutes
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_a_payload_larger_than_every_heap_crosses_executors():
     result = large_bench.launch(1.2, "auto", master="local-cluster[2,1,1024]",
                                 driver_memory="512m", executor_memory="512m")

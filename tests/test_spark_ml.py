@@ -184,6 +184,7 @@ def test_unfitted_pipeline_round_trip(pipeline, data, fitted, tmp_path):
 
 
 @pytest.mark.slow  # a local-cluster job and a fresh driver: about 90 s
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_job_on_local_cluster_then_loaded_in_a_fresh_driver(spark, tmp_path):
     """jobs/pipeline.py fits, saves, loads and scores on local-cluster (two executor
     JVMs); this process, which never saw the model, loads what it saved and scores the
