@@ -2,7 +2,10 @@
 
     spark-keras score --model model.keras --input data.parquet --output scored.parquet \\
         --features features [--batch-size 1024] [--buckets N|B1,B2,...] [--master local[*]] \\
-        [--overwrite] [--on-invalid error|null [--error-col error] [--max-invalid N|F]] [--id-col id]
+        [--output-table NAME instead of --output] [--output-format parquet|orc|json|csv]
+        [--partition-by COL[,COL]] [--overwrite]
+        [--on-invalid error|null [--error-col error] [--max-invalid N|F]
+         [--invalid-output PATH [--drop-invalid]]] [--id-col id]
         [--version-col model_version [--model-version LABEL]]
         [--resume [--commit-bytes BYTES]] [--progress|--no-progress [--progress-seconds S]]
         [--metrics-json metrics.json] [--conf key=value ...] [--properties-file F] [--verbose]
@@ -23,6 +26,17 @@ Vector column, or a comma-separated list of scalar columns (or one column per mo
 input). The output keeps every input column and adds ``--output-col`` (and ``--error-col``:
 why each invalid row got a null prediction). It is written to a
 temporary folder and renamed into place only when complete: nothing partial is left behind.
+``--output-format`` (parquet, orc, json, csv; CSV holds scalar columns only) and
+``--partition-by`` are given to Spark's writer; ``--output-table NAME`` saves a catalog
+table instead (``saveAsTable``; with ``--resume`` the table is made empty first and the
+commits land in its location, see :mod:`spark_keras.jobs.score_outputs`).
+
+``--invalid-output PATH`` (with ``--on-invalid null``) writes every invalid row to a
+dataset of its own, in the output's format: the input's columns as read, the reason
+(``--error-col``'s name, else ``reason``) and the model version's label
+(``--version-col``'s name, else ``model_version``); the output keeps them as rows with a
+null prediction, or leaves them out with ``--drop-invalid``. The scored rows are held
+(``persist``) between the two writes: the model scores each row once.
 
 ``--resume`` writes the output in commits instead, groups of input files of at most
 ``--commit-bytes`` each, recorded in ``<output>/_spark_keras/``: the same command run
@@ -48,7 +62,9 @@ The ``SCORED`` line (and ``--metrics-json``) gives rows, invalid rows, ``seconds
 scoring query: reading, scoring and writing), rows/s over it, and the model builds the
 query's tasks made and their seconds: the transform's ``observe`` figures, which Spark
 gathers from every executor (classic or Connect, one host or many); the line's
-``wall_seconds`` is the whole job's, Spark's start-up included.
+``wall_seconds`` is the whole job's, Spark's start-up included. ``--metrics-json`` also
+has ``invalid_by_reason``: the invalid rows by class of reason (``{"input: NaN": 3,
+"model: InvalidArgumentError": 1}``), the transform's ``observe`` figure of that name.
 
 ``--progress`` logs a line on stderr when the job starts, one every ``--progress-seconds``
 (10) while Spark scores (the running stages' tasks done: ``scoring: 12 of 40 tasks, 00:01:10
@@ -82,6 +98,7 @@ import time
 
 from spark_keras.inference.options import RESIZE
 from spark_keras.jobs.score_errors import outcome
+from spark_keras.jobs.score_outputs import OUTPUT_FORMATS
 from spark_keras.jobs.score_run import run
 from spark_keras.jobs.score_session import forget_jvm_log, jvm_log
 
@@ -106,6 +123,14 @@ def _size(text: str) -> int:
     return value
 
 
+def _columns(text: str) -> list[str]:
+    """``--partition-by``: comma-separated column names."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError(text)
+    return names
+
+
 def _seconds(text: str) -> float:
     """``--progress-seconds``: a number of seconds above 0."""
     value = float(text)
@@ -120,7 +145,16 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--model", required=True,
                    help=".keras file or spark_keras payload: a path or a URI (s3://, hdfs://...)")
     p.add_argument("--input", required=True, help="parquet or CSV file/folder")
-    p.add_argument("--output", required=True, help="parquet folder to write")
+    p.add_argument("--output", default=None,
+                   help="folder to write (in --output-format); or give --output-table")
+    p.add_argument("--output-table", default=None, metavar="NAME",
+                   help="a catalog table to save the output as (Spark's saveAsTable), "
+                        "instead of --output")
+    p.add_argument("--output-format", choices=list(OUTPUT_FORMATS), default="parquet",
+                   help="the output's format (default: parquet; csv takes scalar columns "
+                        "only)")
+    p.add_argument("--partition-by", type=_columns, default=None, metavar="COL[,COL]",
+                   help="input column(s) to partition the output by (COL=value folders)")
     p.add_argument("--features", required=True, help="comma-separated input column(s)")
     p.add_argument("--output-col", default="prediction",
                    help="the prediction's column (a struct for a multi-output model); "
@@ -157,6 +191,13 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
                         "each row (--model-version)")
     p.add_argument("--model-version", default=None, metavar="LABEL",
                    help="the model's version label, what --version-col says (default: 1)")
+    p.add_argument("--invalid-output", default=None, metavar="PATH",
+                   help="with --on-invalid null: write every invalid row (the input's "
+                        "columns, its reason and the model version) to this folder, in "
+                        "--output-format")
+    p.add_argument("--drop-invalid", action="store_true",
+                   help="with --invalid-output: leave the invalid rows out of the output "
+                        "(default: kept there with a null prediction)")
     p.add_argument("--max-invalid", type=float, default=None, metavar="N|F",
                    help="with --on-invalid null: the most invalid rows a task may give, a count "
                         "(>= 1) or a fraction (< 1) of its rows; beyond it the job fails")
@@ -177,9 +218,10 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--progress-seconds", type=_seconds, default=10.0, metavar="S",
                    help="with --progress: seconds between two lines (default: 10)")
     p.add_argument("--metrics-json", default=None, metavar="PATH",
-                   help="write the summary (rows, invalid_rows, seconds, rows_per_second, "
-                        "model_builds, build_seconds; with --resume also rows_skipped, groups, "
-                        "groups_skipped, after each commit) as JSON to this local file")
+                   help="write the summary (rows, invalid_rows, invalid_by_reason, seconds, "
+                        "rows_per_second, model_builds, build_seconds; with --resume also "
+                        "rows_skipped, groups, groups_skipped, after each commit) as JSON to "
+                        "this local file")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting (repeatable); wins over --properties-file and "
                         "spark-submit's")
@@ -192,6 +234,8 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     args = p.parse_args(argv)
     if args.commit_bytes is not None and not args.resume:
         p.error("--commit-bytes needs --resume")
+    if (args.output is None) == (args.output_table is None):
+        p.error("give one of --output PATH and --output-table NAME")
     return args
 
 

@@ -5,11 +5,14 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
 
     output/g00000-part-00000-<uuid>-c000.snappy.parquet    the rows, beside each other
     output/g00001-part-...                                 (gNNNNN-: the group's files)
+    output/k=3/g00001-part-...                             (--partition-by k: in folders)
     output/_SUCCESS                                        once every group is committed
     output/_staging-g00002-<hex>/                          a group being written by Spark
     output/_spark_keras/manifest.json                      what the job is (below)
     output/_spark_keras/commits/g00000.json                one record per committed group
     output/_spark_keras/commits/g00002.moving.json         a group being published
+    invalid/g00001-part-...                                --invalid-output: the group's
+    invalid/_staging-g00002-<hex>/                         invalid rows, in the same commit
 
 * Files, not a folder per group: ``spark.read.parquet(output)`` does not read the files
   of plain subfolders (``output/g00001/part-*``): with no ``key=value`` folder the data
@@ -23,7 +26,8 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
   scored by the same transform and written by Spark into ``_staging-...`` (names starting
   with ``_`` are invisible to Spark's and pyarrow's readers).
 * A commit: the record (the group's files, output file names, rows, invalid rows) is
-  written as ``gN.moving.json``; the files are renamed into the output one by one;
+  written as ``gN.moving.json``; the files are renamed into the output one by one (and
+  those of the quarantine, ``--invalid-output``, into its folder);
   ``gN.json`` is written; the ``.moving`` record and the staging folder go. Every small
   file is written whole (a hidden temporary file, renamed). A rerun rolls a ``.moving``
   group forward (the rest of its files from staging) or, when a file is in neither place,
@@ -32,8 +36,9 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
   while a group's files are renamed (a few renames) or after a kill in those moments until
   the next ``--resume``, part of one group.
 * The manifest holds the SHA-256 of the model file's bytes, the options that change what
-  a row becomes (features, output and error columns, id column, resize, buckets,
-  on-invalid, version column and label, input format: not the batch size, a matter of
+  a row becomes or where it goes (features, output and error columns, id column, resize,
+  buckets, on-invalid, version column and label, input format, output format, partition
+  columns, the quarantine's folder and ``--drop-invalid``: not the batch size, a matter of
   speed, nor ``--max-invalid``, a limit), each input file's path, size and modification
   time, the commit bound and the groups. A rerun with any of them changed stops (exit 2)
   naming the first difference; ``--overwrite`` starts over.
@@ -62,7 +67,7 @@ from spark_keras.jobs.score_progress import Heartbeat, Tasks, byte_size, count, 
 from spark_keras.spark.paths import Paths, join, listed_by_spark, write_whole
 
 __all__ = ["DEFAULT_COMMIT_BYTES", "LOG", "MANIFEST", "Plan", "plan", "plan_groups",
-           "difference", "file_sha256", "run_groups", "has_commit_log"]
+           "difference", "file_sha256", "run_groups", "has_commit_log", "list_input"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
@@ -81,7 +86,11 @@ _TEMPORARY = re.compile(r"^\..*\.tmp-[0-9a-f]{12}$")  # write_whole's, left by a
 OPTIONS = {"features": "--features", "output_col": "--output-col", "format": "--format",
            "on_invalid": "--on-invalid", "error_col": "--error-col", "id_col": "--id-col",
            "resize": "--resize", "buckets": "--buckets", "version_col": "--version-col",
-           "model_version": "--model-version"}
+           "model_version": "--model-version", "output_format": "--output-format",
+           "partition_by": "--partition-by", "invalid_output": "--invalid-output",
+           "drop_invalid": "--drop-invalid"}
+# what a manifest written before an option existed means by its absence
+_BEFORE = {"output_format": "parquet", "drop_invalid": False}
 
 
 def file_sha256(location: str) -> str:
@@ -154,7 +163,8 @@ def difference(old: dict, new: dict, input_path: str) -> str | None:
         return (f"the model is another one (sha256 {new['model_sha256'][:12]}...; the "
                 f"committed groups were scored by {old['model_sha256'][:12]}...)")
     for key, flag in OPTIONS.items():
-        before, now = old["options"].get(key), new["options"].get(key)
+        before = old["options"].get(key, _BEFORE.get(key))
+        now = new["options"].get(key, _BEFORE.get(key))
         if before != now:
             return f"{flag} differs ({now!r} now, {before!r} for the committed groups)"
     if old["commit_bytes"] != new["commit_bytes"]:
@@ -213,17 +223,29 @@ def _read_json(paths: Paths, path: str) -> dict:
 
 @dataclass
 class Plan:
-    """A resumable run, checked against what its output holds (see :func:`plan`)."""
+    """A resumable run, checked against what its output holds (see :func:`plan`).
+    ``output`` is None until a table's location is known (a table made by this run)."""
 
     paths: Paths
     input: str
-    output: str
+    output: str | None
     manifest: dict
     resume: bool  # the output holds a commit log of this very job
+    invalid_output: str | None = None  # the quarantine's folder
 
     @property
     def log(self) -> str:
+        assert self.output is not None  # known once the run begins
         return join(self.output, LOG)
+
+    def roots(self) -> list[tuple[str, str]]:
+        """``(record key prefix, folder)`` of each place a commit publishes files: the
+        output (``files``) and the quarantine (``invalid_files``)."""
+        assert self.output is not None
+        found = [("", self.output)]
+        if self.invalid_output is not None:
+            found.append(("invalid_", self.invalid_output))
+        return found
 
     def group_files(self, index: int) -> list[str]:
         """The input files of group ``index``, as paths the path layer takes."""
@@ -234,23 +256,30 @@ class Plan:
         return sum(self.manifest["files"][i][1] for i in self.manifest["groups"][index])
 
 
-def plan(paths: Paths, input_path: str, output: str, *, model_sha256: str, options: dict,
-         commit_bytes: int | None, overwrite: bool, spark_files: int) -> Plan:
+def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str,
+         options: dict, commit_bytes: int | None, overwrite: bool, spark_files: int,
+         invalid_output: str | None = None) -> Plan:
     """The groups of this run, or a :class:`JobError` (exit 2) saying why the output
     cannot be resumed: another model, other options or input files, or an output that is
     not a resumable run's (unless ``overwrite``). Nothing is written.
 
     Args:
+        output: the output folder; None for a table this run makes (nothing to resume).
         options: the values of :data:`OPTIONS`' keys.
         commit_bytes: the bound of a group; None: the committed groups' (else the default).
         spark_files: how many files Spark reads under ``input_path``
             (``len(df.inputFiles())``), checked against the path layer's listing.
+        invalid_output: the quarantine's folder (``--invalid-output``), if any.
     """
     files = list_input(paths, input_path)
     if len(files) != spark_files:
         raise JobError(f"Spark reads {spark_files} file(s) under {input_path!r} but the job "
                        f"lists {len(files)}: it cannot cut this input into commits")
-    old = None if overwrite else _manifest_of(paths, output)
+    old = None if overwrite or output is None else _manifest_of(paths, output)
+    if old is None and not overwrite and invalid_output is not None \
+            and paths.exists(invalid_output):
+        raise JobError(f"invalid rows' output path {invalid_output!r} exists; pass "
+                       f"--overwrite to replace it")
     bound = commit_bytes or (old["commit_bytes"] if old else DEFAULT_COMMIT_BYTES)
     manifest = {"format": FORMAT, "model_sha256": model_sha256,
                 "options": json.loads(json.dumps(options)),  # tuples as JSON keeps them
@@ -260,7 +289,8 @@ def plan(paths: Paths, input_path: str, output: str, *, model_sha256: str, optio
         what = difference(old, manifest, input_path)
         if what:
             raise JobError(f"cannot resume {output!r}: {what}; pass --overwrite to start over")
-    return Plan(paths, input_path, output, manifest, resume=old is not None)
+    return Plan(paths, input_path, output, manifest, resume=old is not None,
+                invalid_output=invalid_output)
 
 
 # --- the commit log ----------------------------------------------------------------------------
@@ -271,19 +301,35 @@ def _begin(plan: Plan) -> dict[int, dict]:
     groups committed so far, by index."""
     paths = plan.paths
     if not plan.resume:
-        if paths.exists(plan.output):
-            paths.delete(plan.output)
+        for _, root in plan.roots():
+            if paths.exists(root):
+                paths.delete(root)
         write_whole(paths, join(plan.log, MANIFEST),
                     json.dumps({**plan.manifest, "created": _when(int(time.time() * 1000))}))
         return {}
     return _recover(plan)
 
 
+def _published(index: int, staged: str) -> str:
+    """The output name of a file Spark wrote into a group's staging folder as ``staged``
+    (``k=1/part-0.parquet`` -> ``k=1/g00003-part-0.parquet``)."""
+    folder, _, name = staged.rpartition("/")
+    return f"{folder}/g{index:05d}-{name}" if folder else f"g{index:05d}-{name}"
+
+
+def _staged(published: str) -> str:
+    """The name under its staging folder of a group's output file (:func:`_published`'s
+    inverse)."""
+    folder, _, name = published.rpartition("/")
+    name = name.split("-", 1)[1]
+    return f"{folder}/{name}" if folder else name
+
+
 def _recover(plan: Plan) -> dict[int, dict]:
     """Finish what a killed run left: ``.moving`` groups rolled forward (or back, see the
     module docstring), staging folders and temporary files removed, the files of groups
     without a record removed; refuse files nobody committed and committed files gone."""
-    paths, output = plan.paths, plan.output
+    paths = plan.paths
     commits = join(plan.log, COMMITS)
     records: dict[int, dict] = {}
     moving: dict[int, dict] = {}
@@ -295,63 +341,84 @@ def _recover(plan: Plan) -> dict[int, dict]:
             moving[int(found[1])] = _read_json(paths, path)
         elif _TEMPORARY.match(entry.name):
             paths.delete(path)
-    names = {entry.name for entry in paths.children(output)}
     for index, record in sorted(moving.items()):
-        if index not in records and _roll_forward(plan, record, names):
+        if index not in records and _roll_forward(plan, record):
             write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
             records[index] = record
         paths.delete(join(commits, f"g{index:05d}.moving.json"))
-    known = {name for record in records.values() for name in record["files"]}
-    for entry in paths.children(output):
-        if entry.name.startswith(STAGING):
-            paths.delete(join(output, entry.name))
-        elif listed_by_spark(entry.name) and entry.name not in known:
-            found = _GROUP_FILE.match(entry.name)
+    for key, root in plan.roots():
+        if not paths.exists(root):
+            paths.make_folder(root)
+        known = {name for record in records.values() for name in record.get(f"{key}files", [])}
+        for entry in paths.children(root):
+            if entry.name.startswith(STAGING):
+                paths.delete(join(root, entry.name))
+        held = {name for name, _, _ in list_input(paths, root)}
+        for name in sorted(held - known):
+            found = _GROUP_FILE.match(name.rpartition("/")[2])
             if found is None or int(found[1]) in records:
-                raise JobError(f"output {output!r} holds {entry.name!r}, which its commit log "
+                raise JobError(f"output {root!r} holds {name!r}, which its commit log "
                                f"does not know; pass --overwrite to start over")
-            paths.delete(join(output, entry.name))  # a group that was never committed
-    missing = sorted(known - {entry.name for entry in paths.children(output)})
-    if missing:
-        raise JobError(f"output {output!r} lacks {missing[0]!r} of a committed group; pass "
-                       f"--overwrite to start over")
+            paths.delete(join(root, name))  # a group that was never committed
+        missing = sorted(known - held)
+        if missing:
+            raise JobError(f"output {root!r} lacks {missing[0]!r} of a committed group; "
+                           f"pass --overwrite to start over")
     return records
 
 
-def _roll_forward(plan: Plan, record: dict, names: set[str]) -> bool:
-    """Move the rest of a ``.moving`` group's files from its staging folder; if one is in
+def _roll_forward(plan: Plan, record: dict) -> bool:
+    """Move the rest of a ``.moving`` group's files from its staging folders; if one is in
     neither place, remove those already moved (the group is scored again). Whether the
-    group is whole in the output."""
-    staging = join(plan.output, record["staging"])
-    prefix = f"g{record['group']:05d}-"
-    for name in record["files"]:
-        if name in names:
-            continue
-        part = join(staging, name[len(prefix):])
-        if not plan.paths.exists(part):
-            for moved in record["files"]:
-                plan.paths.delete(join(plan.output, moved))
-            return False
-        plan.paths.move(part, join(plan.output, name))
+    group is whole in its outputs."""
+    paths = plan.paths
+    moves = []
+    for key, root in plan.roots():
+        staging = join(root, record.get(f"{key}staging", ""))
+        for name in record.get(f"{key}files", []):
+            target = join(root, name)
+            if not paths.exists(target):
+                moves.append((join(staging, _staged(name)), target))
+    if any(not paths.exists(source) for source, _ in moves):
+        for key, root in plan.roots():
+            for name in record.get(f"{key}files", []):
+                paths.delete(join(root, name))
+        return False
+    for source, target in moves:
+        _move_into(paths, source, target)
     return True
 
 
-def _commit(plan: Plan, index: int, staging: str, record: dict) -> dict:
-    """Publish the group Spark wrote into ``staging`` (see the module docstring)."""
+def _move_into(paths: Paths, source: str, target: str) -> None:
+    """Rename ``source`` to ``target``, making its folder first when it is a partition's
+    (``k=1/...``)."""
+    folder = target.rpartition("/")[0]
+    if "=" in folder.rpartition("/")[2] and not paths.exists(folder):
+        paths.make_folder(folder)
+    paths.move(source, target)
+
+
+def _commit(plan: Plan, index: int, staging: dict[str, str], record: dict) -> dict:
+    """Publish the group Spark wrote into the ``staging`` folders (by record key prefix,
+    see :meth:`Plan.roots`; see the module docstring)."""
     paths = plan.paths
-    prefix = f"g{index:05d}-"
-    parts = [entry.name for entry in paths.children(staging)
-             if not entry.is_dir and listed_by_spark(entry.name)]
-    record = {**record, "staging": staging.rstrip("/").rpartition("/")[2],
-              "files": [prefix + part for part in parts]}
+    moves = []
+    record = dict(record)
+    for key, root in plan.roots():
+        folder = staging[key]
+        staged = [name for name, _, _ in list_input(paths, folder)]
+        record[f"{key}staging"] = folder.rstrip("/").rpartition("/")[2]
+        record[f"{key}files"] = [_published(index, name) for name in staged]
+        moves += [(join(folder, name), join(root, _published(index, name))) for name in staged]
     commits = join(plan.log, COMMITS)
     moving = join(commits, f"g{index:05d}.moving.json")
     write_whole(paths, moving, json.dumps(record))
-    for part in parts:
-        paths.move(join(staging, part), join(plan.output, prefix + part))
+    for source, target in moves:
+        _move_into(paths, source, target)
     write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
     paths.delete(moving)
-    paths.delete(staging)
+    for folder in staging.values():
+        paths.delete(folder)
     return record
 
 
@@ -370,6 +437,7 @@ class Progress:
         self._done_bytes = 0
         self.groups = self.rows = self.invalid_rows = self.builds = 0
         self.build_seconds = 0.0
+        self.by_reason: dict[str, int] = {}
         self._started = time.perf_counter()
 
     def started(self) -> str:
@@ -385,6 +453,8 @@ class Progress:
         self.invalid_rows += int(record["invalid_rows"])
         self.builds += int(record["model_builds"])
         self.build_seconds += float(record["build_seconds"])
+        for reason, rows in record.get("invalid_by_reason", {}).items():
+            self.by_reason[reason] = self.by_reason.get(reason, 0) + int(rows)
         self._done_bytes += self._plan.group_bytes(index)
 
     def eta(self) -> float | None:
@@ -418,6 +488,7 @@ class Progress:
         seconds = time.perf_counter() - self._started
         eta = self.eta()
         return {"rows": self.rows, "invalid_rows": self.invalid_rows,
+                "invalid_by_reason": dict(sorted(self.by_reason.items())),
                 "seconds": round(seconds, 3),
                 "rows_per_second": round(self.rows / seconds, 1) if seconds else None,
                 "model_builds": self.builds, "build_seconds": round(self.build_seconds, 3),
@@ -428,48 +499,62 @@ class Progress:
 
 
 def run_groups(plan: Plan, read: Callable[[list[str]], Any],
-               score: Callable[[Any], tuple[Any, Any]], qualify: Callable[[str], str],
-               on_commit: Callable[[dict], None], heartbeat: Heartbeat) -> dict:
+               score: Callable[[Any], tuple[Any, Any]],
+               write: Callable[[Any, str, str | None], None], qualify: Callable[[str], str],
+               on_commit: Callable[[dict], None], heartbeat: Heartbeat,
+               published: Callable[[], None] = lambda: None) -> dict:
     """Score and commit every group not committed yet; the summary
     (:meth:`Progress.summary`).
 
     Args:
         read: the DataFrame of some input files (paths the path layer takes).
         score: ``(scored DataFrame, its Observation)`` of a DataFrame.
+        write: writes a scored DataFrame into a staging folder of the output and one of
+            the quarantine (None without one), as Spark must be given them.
         qualify: a path as Spark must be given it.
         on_commit: called with the summary after each commit.
         heartbeat: logs :meth:`Progress.line` while a group is scored.
+        published: called once the files readers see have changed (after the recovery
+            and each commit): a table's listing refreshed.
     """
     committed = _begin(plan)
+    published()
     progress = Progress(plan, committed)
     logger.info(progress.started())
     for index in range(progress.total):
         if index in committed:
             continue
-        staging = join(plan.output, f"{STAGING}g{index:05d}-{uuid.uuid4().hex[:12]}")
+        tag = f"{STAGING}g{index:05d}-{uuid.uuid4().hex[:12]}"
+        staging = {key: join(root, tag) for key, root in plan.roots()}
         started = time.perf_counter()
         try:
             with heartbeat.beating(functools.partial(progress.line, index)):
                 scored, observation = score(read(plan.group_files(index)))
-                scored.write.parquet(qualify(staging))
+                invalid = staging.get("invalid_")
+                write(scored, qualify(staging[""]), None if invalid is None else qualify(invalid))
         except BaseException:
-            try:
-                plan.paths.delete(staging)
-            except Exception as exc:  # must not hide why the group failed
-                logger.warning("cannot remove the staging folder %s: %s", staging, exc)
+            for folder in staging.values():
+                try:
+                    plan.paths.delete(folder)
+                except Exception as exc:  # must not hide why the group failed
+                    logger.warning("cannot remove the staging folder %s: %s", folder, exc)
             raise
         figures = observation.get
         record = {"format": FORMAT, "group": index,
                   "input_files": [plan.manifest["files"][i][0]
                                   for i in plan.manifest["groups"][index]],
                   "rows": int(figures["rows"]), "invalid_rows": int(figures["invalid_rows"]),
+                  "invalid_by_reason": {str(k): int(v) for k, v in
+                                        sorted(figures["invalid_by_reason"].items())},
                   "model_builds": int(figures["model_builds"]),
                   "build_seconds": round(float(figures["build_seconds"]), 3),
                   "seconds": round(time.perf_counter() - started, 3),
                   "committed": _when(int(time.time() * 1000))}
         progress.add(index, _commit(plan, index, staging, record))
+        published()
         logger.info(progress.line())
         on_commit(progress.summary())
-    if not plan.paths.exists(join(plan.output, SUCCESS)):
-        plan.paths.create(join(plan.output, SUCCESS), b"")
+    for _, root in plan.roots():
+        if not plan.paths.exists(join(root, SUCCESS)):
+            plan.paths.create(join(root, SUCCESS), b"")
     return progress.summary()

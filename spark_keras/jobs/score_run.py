@@ -1,11 +1,13 @@
 """Running the score job: check the options and paths, open the session, score the input
 into a staging folder, publish it, and report the figures the transform observed; with
-``--resume``, in commits (:mod:`spark_keras.jobs.score_commits`)."""
+``--resume``, in commits (:mod:`spark_keras.jobs.score_commits`). What is written, in
+which format, and the quarantine: :mod:`spark_keras.jobs.score_outputs`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -18,7 +20,9 @@ from spark_keras.errors import ArgumentError, StorageError, WorkersPythonError
 from spark_keras.inference.buckets import checked
 from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
 from spark_keras.jobs import score_commits as commits
+from spark_keras.jobs import score_outputs as outputs_
 from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_outputs import Outputs
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
@@ -38,13 +42,21 @@ def _path_errors() -> Iterator[None]:
 
 
 def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
-    """Refuse an existing output (unless ``--overwrite``) and a missing input."""
+    """Refuse an existing output or invalid rows' output (unless ``--overwrite``) and a
+    missing input."""
     with _path_errors():
-        paths.check_output(args.output)
-        if paths.exists(args.output) and not (args.overwrite or args.resume):
+        if args.output is not None:
+            paths.check_output(args.output)
+        if args.output is not None and paths.exists(args.output) \
+                and not (args.overwrite or args.resume):
             resumable = commits.has_commit_log(paths, args.output)
             raise JobError(f"output path {args.output!r} exists; pass --overwrite to replace it"
                            + (" (or --resume to continue it)" if resumable else ""))
+        if args.invalid_output is not None:
+            paths.check_output(args.invalid_output)
+            if paths.exists(args.invalid_output) and not (args.overwrite or args.resume):
+                raise JobError(f"invalid rows' output path {args.invalid_output!r} exists; "
+                               f"pass --overwrite to replace it")
         if not paths.exists(args.input):
             raise JobError(f"input path {args.input!r} does not exist")
         if not paths.exists(args.model):  # before any stage reads the input
@@ -60,6 +72,16 @@ def _check_options(args: argparse.Namespace) -> None:
         args.buckets = check_buckets(args.buckets, FLAGS)
     except ArgumentError as exc:
         raise JobError(str(exc)) from None
+    if args.invalid_output is not None and args.on_invalid != "null":
+        raise JobError("--invalid-output needs --on-invalid null (with --on-invalid error "
+                       "an invalid row fails the job)")
+    if args.invalid_output is not None and args.output is not None and \
+            os.path.abspath(args.invalid_output) == os.path.abspath(args.output):
+        raise JobError(f"--invalid-output {args.invalid_output!r} is the output itself: give "
+                       f"it a folder of its own")
+    if args.drop_invalid and args.invalid_output is None:
+        raise JobError("--drop-invalid needs --invalid-output (invalid rows are never "
+                       "dropped without being kept elsewhere)")
     if args.metrics_json is not None:
         folder = os.path.dirname(os.path.abspath(args.metrics_json))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -132,35 +154,73 @@ def _group_reader(spark: Any, paths: Paths, args: argparse.Namespace, fmt: str,
 
 
 def _plan(paths: Paths, args: argparse.Namespace, df: Any, fmt: str,
-          features: list[str]) -> commits.Plan:
-    """The groups of a ``--resume`` run, or why its output cannot be resumed (before
-    the model is loaded: the model file's digest is its bytes')."""
+          features: list[str], output: str | None) -> commits.Plan:
+    """The groups of a ``--resume`` run into ``output`` (None: a table this run makes), or
+    why its output cannot be resumed (before the model is loaded: the model file's digest
+    is its bytes')."""
+    versioned = args.version_col is not None or args.invalid_output is not None
     options = {"features": features, "output_col": args.output_col, "format": fmt,
                "on_invalid": args.on_invalid, "error_col": args.error_col,
                "id_col": args.id_col, "resize": args.resize, "buckets": args.buckets,
                "version_col": args.version_col,
-               # the label only matters in --version-col; BroadcastModel's default is "1"
-               "model_version": None if args.version_col is None
-               else (args.model_version if args.model_version is not None else "1")}
+               # the label only matters where it is written; BroadcastModel's default is "1"
+               "model_version": None if not versioned
+               else (args.model_version if args.model_version is not None else "1"),
+               "output_format": args.output_format, "partition_by": args.partition_by,
+               "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid}
     with _path_errors():
-        return commits.plan(paths, args.input, args.output,
+        return commits.plan(paths, args.input, output,
                             model_sha256=commits.file_sha256(args.model), options=options,
                             commit_bytes=args.commit_bytes, overwrite=args.overwrite,
-                            spark_files=len(df.inputFiles()))
+                            spark_files=len(df.inputFiles()),
+                            invalid_output=args.invalid_output)
 
 
-def _publish(scored: Any, paths: Paths, output: str) -> None:
-    """Write ``scored`` to a staging folder beside ``output``, then rename it into place
-    (replacing an old output); the staging folder is removed if anything fails."""
-    staging = f"{output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str | None:
+    """``--output-table``: refuse an existing table unless ``--overwrite`` (or, with
+    ``--resume``, one whose location holds this job's commit log, or no rows: a run
+    killed before its first commit); the location of the table to resume, None when this
+    run makes the table (dropping an existing one)."""
+    name = args.output_table
+    if not outputs_.table_exists(spark, name):
+        return None
+    if args.overwrite:
+        return None
+    location = outputs_.table_location(spark, name)
+    with _path_errors():
+        resumable = commits.has_commit_log(paths, location)
+        empty = not resumable and (not paths.exists(location)
+                                   or not commits.list_input(paths, location))
+    if args.resume and resumable:
+        return location
+    if args.resume and empty:
+        return None
+    if args.resume:
+        raise JobError(f"--output-table {name!r} exists and its location {location!r} holds "
+                       f"no commit log of a resumable run; pass --overwrite to replace it")
+    raise JobError(f"--output-table {name!r} exists; pass --overwrite to replace it"
+                   + (" (or --resume to continue it)" if resumable else ""))
+
+
+def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool) -> None:
+    """Write ``scored`` (:meth:`Outputs.write`) to staging folders beside the output and
+    the invalid rows' output, then rename them into place (replacing old ones); a table is
+    saved by Spark's writer between the two. Staging folders are removed if anything
+    fails."""
+    staging = {target: f"{target.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+               for target in (outputs.path, outputs.invalid_path) if target is not None}
     with _path_errors():
         try:
-            scored.write.parquet(paths.qualify(staging))
-            if paths.exists(output):
-                paths.delete(output)
-            paths.move(staging, output)
+            main, invalid = (None if t is None else paths.qualify(staging[t])
+                             for t in (outputs.path, outputs.invalid_path))
+            outputs.write(scored, main, invalid, overwrite=overwrite)
+            for target, folder in staging.items():
+                if paths.exists(target):
+                    paths.delete(target)
+                paths.move(folder, target)
         except BaseException:
-            paths.delete(staging)
+            for folder in staging.values():
+                paths.delete(folder)
             raise
 
 
@@ -207,7 +267,10 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     if args.id_col is not None and args.id_col not in df.columns:
         raise JobError(f"--id-col {args.id_col!r} is not a column of the input; it has "
                        f"{df.columns}")
-    plan = _plan(paths, args, df, fmt, features) if args.resume else None
+    outputs = Outputs.of(args, df.columns)
+    location = None if args.output_table is None else _table_location(spark, paths, args)
+    plan = _plan(paths, args, df, fmt, features, args.output or location) \
+        if args.resume else None
     try:  # a local path, or a URI the executors read from storage themselves
         with quiet_tensorflow_startup():  # start-up lines the log level hides
             flavour.current()  # imports Keras and TensorFlow
@@ -223,7 +286,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
         raise JobError(str(exc)) from None
 
     try:
-        return _score_with(handle, spark, paths, args, df, fmt, features, plan)
+        return _score_with(handle, spark, paths, args, df, fmt, features, plan, outputs)
     finally:  # its payload and version server (the process may go on: the Python entry point)
         try:
             handle.destroy()
@@ -232,32 +295,38 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
 
 
 def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace, df: Any,
-                fmt: str, features: list[str], plan: commits.Plan | None) -> dict:
+                fmt: str, features: list[str], plan: commits.Plan | None,
+                outputs: Outputs) -> dict:
     """:func:`score`'s scoring, once the model is loaded."""
     from pyspark.sql import Observation
 
     names = iter(range(1 << 62))
+    error_col, version_col = outputs.transform_cols()
 
-    def transform(frame: Any) -> tuple[Any, Any]:
-        observation = Observation(f"spark_keras_score_{next(names)}")
+    def transform(frame: Any, observed: bool = True) -> tuple[Any, Any]:
+        observation = Observation(f"spark_keras_score_{next(names)}") if observed else None
         return handle.transform(frame, features, args.output_col, batch_size=args.batch_size,
-                                on_invalid=args.on_invalid, error_col=args.error_col,
+                                on_invalid=args.on_invalid, error_col=error_col,
                                 observe=observation, max_invalid=args.max_invalid,
-                                id_col=args.id_col, version_col=args.version_col,
+                                id_col=args.id_col, version_col=version_col,
                                 buckets=args.buckets), observation
 
     def committed(summary: dict) -> None:
         if args.metrics_json is not None:
             _write_metrics(args.metrics_json, summary)
 
+    whole = transform(df, observed=plan is None)  # with --resume: its schema only
+    outputs.check_schema(whole[0])  # what the format cannot hold, before any write
     heartbeat = Heartbeat(spark, args.progress_seconds if args.progress else None)
     if plan is not None:
+        published = _table_made(spark, args, outputs, plan, whole[0])
         with _path_errors():
             summary = commits.run_groups(plan, _group_reader(spark, paths, args, fmt, df.schema),
-                                         transform, paths.qualify, committed, heartbeat)
+                                         transform, outputs.write, paths.qualify, committed,
+                                         heartbeat, published)
     else:
-        logger.info("scoring %r into %r", args.input, args.output)
-        summary = _score_at_once(transform(df), paths, args.output, heartbeat)
+        logger.info("scoring %r into %r", args.input, args.output or args.output_table)
+        summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat)
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
                 "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
                 summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
@@ -266,7 +335,22 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     return summary
 
 
-def _score_at_once(scored: tuple[Any, Any], paths: Paths, output: str,
+def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: commits.Plan,
+                scored: Any) -> Any:
+    """``--output-table`` with ``--resume``: the table made empty (an old one dropped:
+    ``--overwrite``) unless this run resumes it, its location the plan's output; what
+    refreshes it after each commit. Without a table, what does nothing."""
+    name = args.output_table
+    if name is None:
+        return lambda: None
+    if not plan.resume:
+        if outputs_.table_exists(spark, name):  # --overwrite, or one holding no rows
+            outputs_.drop_table(spark, name)
+        plan.output = outputs_.create_table(spark, name, outputs, outputs.main(scored).schema)
+    return functools.partial(outputs_.refresh_table, spark, name, bool(args.partition_by))
+
+
+def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, overwrite: bool,
                    heartbeat: Heartbeat) -> dict:
     """Write the scored input as one output (:func:`_publish`); the job's figures."""
     frame, observation = scored
@@ -281,11 +365,13 @@ def _score_at_once(scored: tuple[Any, Any], paths: Paths, output: str,
                 f"ETA {eta(elapsed, done, total)}")
 
     with heartbeat.beating(line):
-        _publish(frame, paths, output)
+        _publish(frame, paths, outputs, overwrite)
     seconds = time.perf_counter() - started
     figures = observation.get
     rows = int(figures["rows"])
     return {"rows": rows, "invalid_rows": int(figures["invalid_rows"]),
+            "invalid_by_reason": {str(k): int(v) for k, v in
+                                  sorted(figures["invalid_by_reason"].items())},
             "seconds": round(seconds, 3),
             "rows_per_second": round(rows / seconds, 1) if seconds else None,
             "model_builds": int(figures["model_builds"]),

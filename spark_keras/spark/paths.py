@@ -184,6 +184,9 @@ class Paths(Protocol):
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` to the (absent) ``dst``."""
 
+    def make_folder(self, path: str) -> None:
+        """Create the folder ``path`` and its parents (nothing if it exists)."""
+
     def status(self, path: str) -> Entry | None:
         """The file or folder at ``path``; None if there is nothing."""
 
@@ -236,6 +239,11 @@ class HadoopPaths:
         _, src_path = hadoop_filesystem(self._spark, src)
         if not fs.rename(src_path, dst_path):
             raise StorageError(f"cannot move the output into {dst!r}")
+
+    def make_folder(self, path: str) -> None:
+        with _failing("create", path):
+            fs, hadoop_path = hadoop_filesystem(self._spark, path)
+            fs.mkdirs(hadoop_path)
 
     @staticmethod
     def _entry(status: Any) -> Entry:
@@ -324,6 +332,11 @@ class ArrowPaths:
             fs.move(src_path, dst_path)
         except (OSError, NotImplementedError) as exc:
             raise StorageError(f"cannot move the output into {dst!r}: {exc}") from exc
+
+    def make_folder(self, path: str) -> None:
+        with _failing("create", path):
+            fs, fs_path = self._fs(path)
+            fs.create_dir(fs_path, recursive=True)
 
     @staticmethod
     def _entry(info: Any) -> Entry:
