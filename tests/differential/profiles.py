@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 
 CI_EXAMPLES = 12  # per family (five): 40 s of calls here (20: 90-180 s, the machine loaded)
-SLOW_EXAMPLES = 60  # per family: 100 took 2m10 for the five under load here, but CI once passed 600 s on one family beside two suites
+SLOW_EXAMPLES = 60  # per family (100: 2m10 for the five here, loaded; in CI one family passed 600 s)
 FUZZ_ROUND = 60  # examples per seed of make fuzz-engine
 
 _COMMON = settings(deadline=None, database=None, print_blob=True,
