@@ -64,6 +64,7 @@ from typing import Any, Callable, Sequence
 from spark_keras import storage
 from spark_keras.jobs.score_errors import JobError
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, byte_size, count, eta
+from spark_keras.spark.figures import reasons_observed
 from spark_keras.spark.paths import Paths, join, listed_by_spark, write_whole
 
 __all__ = ["DEFAULT_COMMIT_BYTES", "LOG", "MANIFEST", "Plan", "plan", "plan_groups",
@@ -544,8 +545,7 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
                   "input_files": [plan.manifest["files"][i][0]
                                   for i in plan.manifest["groups"][index]],
                   "rows": int(figures["rows"]), "invalid_rows": int(figures["invalid_rows"]),
-                  "invalid_by_reason": {str(k): int(v) for k, v in
-                                        sorted(figures["invalid_by_reason"].items())},
+                  "invalid_by_reason": reasons_observed(figures["invalid_by_reason"]),
                   "model_builds": int(figures["model_builds"]),
                   "build_seconds": round(float(figures["build_seconds"]), 3),
                   "seconds": round(time.perf_counter() - started, 3),

@@ -25,6 +25,7 @@ from spark_keras.jobs.score_errors import JobError
 from spark_keras.jobs.score_outputs import Outputs
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
+from spark_keras.spark.figures import reasons_observed
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
 
 __all__ = ["run", "score"]
@@ -370,8 +371,7 @@ def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, over
     figures = observation.get
     rows = int(figures["rows"])
     return {"rows": rows, "invalid_rows": int(figures["invalid_rows"]),
-            "invalid_by_reason": {str(k): int(v) for k, v in
-                                  sorted(figures["invalid_by_reason"].items())},
+            "invalid_by_reason": reasons_observed(figures["invalid_by_reason"]),
             "seconds": round(seconds, 3),
             "rows_per_second": round(rows / seconds, 1) if seconds else None,
             "model_builds": int(figures["model_builds"]),

@@ -13,6 +13,7 @@ Spark 3.5 keeps the sampling job's observation instead, adding it to the observe
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any, Hashable
@@ -105,6 +106,23 @@ def builds_columns(rows: int, builds: int, seconds: float) -> list[pa.Array]:
 
 # a batch's invalid rows by class of reason: [{reason, rows}, ...] on its first row
 REASONS_ARROW = pa.list_(pa.struct([("reason", pa.string()), ("rows", pa.int64())]))
+
+
+def reasons_metric(by_reason: Any) -> Any:
+    """The ``invalid_by_reason`` metric as observed: the map itself on PySpark 4; on 3.5,
+    whose ``Observation.get`` gives a map as a JVM object, its JSON text."""
+    if _jobs_observed_apart():  # PySpark 4 and later
+        return by_reason
+    from pyspark.sql import functions as F
+
+    return F.to_json(by_reason)
+
+
+def reasons_observed(value: Any) -> dict[str, int]:
+    """An observed ``invalid_by_reason`` (a dict, or the JSON text PySpark 3.5 gets) as
+    ``{class: rows}`` sorted by class."""
+    found = json.loads(value) if isinstance(value, str) else dict(value or {})
+    return {str(k): int(v) for k, v in sorted(found.items())}
 
 
 def reasons_type() -> Any:

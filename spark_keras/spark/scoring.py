@@ -225,7 +225,7 @@ def _metrics(column: Any, output_col: str) -> list:
                             F.create_map().cast("map<string,bigint>"), add)
     values = (F.count(F.lit(1)), F.count(F.when(column(output_col).isNull(), 1)),
               F.coalesce(F.sum(column(_BUILDS)), F.lit(0)),
-              F.coalesce(F.sum(column(_BUILD_SECONDS)), F.lit(0.0)), by_reason)
+              F.coalesce(F.sum(column(_BUILD_SECONDS)), F.lit(0.0)), build_figures.reasons_metric(by_reason))
     return [value.alias(name) for name, value in zip(METRICS, values)]
 
 
