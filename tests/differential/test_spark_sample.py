@@ -1,7 +1,7 @@
 """A sample of the generated cases through the Spark front-ends on the shared session
 (issue 44, item 3): ``transform`` (with ``error_col``), ``predict_udf``,
-``predict_partition`` and ``KeyedModels.transform``, each row compared with the engine's
-answer for the same case (:func:`.harness.run`, itself checked against the oracle by
+``predict_partition``, the ML stage (``KerasTransformer``) and ``KeyedModels.transform``,
+each row compared with the engine's answer for the same case (:func:`.harness.run`, itself checked against the oracle by
 :mod:`.test_generated`): the same rows null, the same reason's stage, every other row's
 outputs within 1e-5 (Spark's batches are not the engine's: partitions split the rows).
 
@@ -28,7 +28,7 @@ from .strategies import cases
 
 pytestmark = pytest.mark.timeout(900)
 
-FRONTENDS = ("transform", "predict_udf", "predict_partition")
+FRONTENDS = ("transform", "predict_udf", "predict_partition", "ml")
 SAMPLE = 2  # cases per front-end (5: 9m22 for the four under load, too much for CI's slow leg)
 SPARK_TYPES = {"vector": "array<double>", "features": "array<double>",
                "sequence": "array<array<float>>", "steps2": "array<array<float>>",
@@ -110,6 +110,15 @@ def scored(bm: Any, spark: Any, case: Case, frontend: str) -> dict[int, tuple[An
         else ["prediction"]
     if frontend == "transform":
         rows = bm.transform(df, cols, error_col="error", **kw).collect()
+        return {r.id: (_outputs(r.prediction, names), r.error) for r in rows}
+    if frontend == "ml":  # the ML stage over the same model and preprocess function
+        from spark_keras.ml import KerasTransformer
+
+        stage = KerasTransformer(model=build(case.recipe), inputCols=cols, onInvalid="null",
+                                 errorCol="error", batchSize=case.options.batch_size,
+                                 buckets=case.options.buckets,
+                                 preprocess=PREPROCESS[case.preprocess] if case.preprocess else None)
+        rows = stage.transform(df).collect()
         return {r.id: (_outputs(r.prediction, names), r.error) for r in rows}
     if frontend == "predict_udf":
         rows = df.select("id", bm.predict_udf(**kw)(*cols).alias("p")).collect()
