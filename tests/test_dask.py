@@ -210,6 +210,7 @@ def _on(client, worker: str, fn, *args):
                          pure=False).result(timeout=120)
 
 
+@pytest.mark.slow  # 9 s of make test's 15 min
 def test_a_worker_leaving_keeps_the_hosts_file_for_the_others(client, rng):
     # Each worker drops its copy of the payload once built on the host's file: when one
     # worker leaves, the others must still be able to rebuild (after an eviction, say).
@@ -360,5 +361,6 @@ MAIN_DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # 16 s of make test's 15 min
 def test_custom_layer_from_main_reaches_workers(tmp_path):
     run_script(tmp_path, MAIN_DRIVER, "MAIN-OBJECTS-OK")

@@ -48,6 +48,7 @@ def test_seed_example_passes_the_model_to_a_spawned_process(tmp_path):
     run_script(tmp_path, SEED_EXAMPLE, "SPAWN-OK")
 
 
+@pytest.mark.slow  # 12 s of make test's 15 min
 def test_pool_predict_equals_the_model_and_builds_once_per_process(tmp_path, monkeypatch, rng):
     monkeypatch.setenv("SPARK_KERAS_BUILD_LOG", str(tmp_path))  # spawned workers inherit it
     model = models.actor_cnn()

@@ -78,6 +78,7 @@ def test_make_picklable_on_a_class_covers_every_instance(rng):
         np.testing.assert_allclose(np.asarray(clone(x)), np.asarray(model(x)), atol=1e-6)
 
 
+@pytest.mark.slow  # 9 s of make test's 15 min
 def test_spawned_process_receives_the_model(rng):
     """The multiprocessing story (seed 003): pass the model in Process(args=...) under spawn."""
     model = sk.make_picklable(models.actor_cnn())

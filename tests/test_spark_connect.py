@@ -270,6 +270,7 @@ def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_pat
     assert not any(n.startswith(key) for names in after.values() for n in names), after
 
 
+@pytest.mark.slow  # 11 s of make test's 15 min
 def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tmp_path):
     """As on classic Spark (tests/test_spark_versions.py): the workers ask this client
     process which version each micro-batch scores with, and read new versions from it."""

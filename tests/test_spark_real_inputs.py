@@ -131,6 +131,7 @@ def test_binary_columns_feed_an_image_model(spark, tmp_path):
                                atol=1e-5)
 
 
+@pytest.mark.slow  # 9 s of make test's 15 min
 def test_text_and_preprocess_through_dask(text_model):
     pytest.importorskip("distributed")
     import dask
@@ -273,6 +274,7 @@ def _fails(batch: pd.DataFrame) -> np.ndarray:
     raise ValueError("cannot parse this")
 
 
+@pytest.mark.slow  # 16 s of make test's 15 min
 def test_preprocess_runs_in_the_workers_before_the_model(spark):
     model = models.mlp(3, 4, 2)
     x = np.arange(12, dtype="float32").reshape(4, 3)

@@ -82,6 +82,7 @@ def rebuilt_since(build_log, key: str, before: dict) -> dict:
     return {w: n - before.get(w, 0) for w, n in after.items() if n > before.get(w, 0)}
 
 
+@pytest.mark.slow  # 19 s of make test's 15 min
 def test_dropped_broadcast_value_rebuilds_transparently(spark, build_log):
     """A task that does not use the broadcast makes PySpark drop it from the worker; the
     model cache still serves the model (no second build), and after unpersist each worker
@@ -207,6 +208,7 @@ def worker_memory_mb(spark, handle) -> dict[int, float]:
     return {pid: min(mb) for pid, mb in in_sql_workers(spark, measure).items()}
 
 
+@pytest.mark.slow  # 9 s of make test's 15 min
 def test_destroy_cycles_do_not_grow_worker_memory(spark, build_log):
     """With a cache large enough to keep every model (so eviction cannot hide a leak),
     6 cycles of build, score, destroy() on a 21 MB model grow the workers' memory by less
