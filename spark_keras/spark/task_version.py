@@ -24,6 +24,7 @@ task score with the version its plan was made with, warned once.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import errno
@@ -46,8 +47,11 @@ logger = logging.getLogger("spark_keras")
 # the driver destroyed or unpersisted)
 dropped: set[str] = set()
 # (handle name, scope) -> the handle of the version the scope scores with (None: the
-# handle itself, its first version, or the plan's when the driver cannot be reached)
-_chosen: dict[tuple[str, str | None], Any] = {}
+# handle itself, its first version, or the plan's when the driver cannot be reached);
+# least recently used first. Every use of a scope's answer refreshes it, so a scope
+# whose tasks run here keeps its answer; one unused while _MAX_CHOSEN other scopes were
+# used here asks the driver again, whose pin answers the same (see versions.MAX_PINS)
+_chosen: collections.OrderedDict[tuple[str, str | None], Any] = collections.OrderedDict()
 _unreachable_warned: set[str] = set()
 _MAX_CHOSEN = 1000
 # seconds a worker keeps asking a driver that does not answer (timeouts, resets)
@@ -81,8 +85,11 @@ def version_for(handle: Any, scope: str | None) -> Any:
             handle's own version: then the handle as its plan was made (warned once).
         SparkKerasError: the driver did not answer within :data:`SLOW_DRIVER_WAIT`.
     """
-    if (handle._name, scope) in _chosen:
+    try:
+        _chosen.move_to_end((handle._name, scope))  # kept: used now
         return _chosen[(handle._name, scope)] or handle
+    except KeyError:  # not asked here yet
+        pass
     address = handle._versions
     try:
         answer = _ask(address, handle._name, scope)
@@ -118,9 +125,10 @@ def version_for(handle: Any, scope: str | None) -> Any:
 
 
 def _keep(name: str, scope: str | None, chosen: Any) -> Any:
-    if len(_chosen) > _MAX_CHOSEN:
-        _chosen.clear()
     _chosen[(name, scope)] = chosen
+    _chosen.move_to_end((name, scope))
+    while len(_chosen) > _MAX_CHOSEN:
+        _chosen.popitem(last=False)
     return chosen
 
 

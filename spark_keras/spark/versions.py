@@ -19,11 +19,15 @@ the task into those two kinds of scope (:func:`in_context`), so a pin made under
 stopped context never answers a task of the next one. A micro-batch's scope is left
 alone: a query restarted from its checkpoint keeps its id, and its version.
 
+Spark runs the micro-batches of a query one after another, so a micro-batch is done once
+a later one of its query asks: its pin goes then (a query holds one pin, its latest
+micro-batch's), and a straggling task of an earlier micro-batch gets the current version.
+The other pins go least recently asked first, past :data:`MAX_PINS` per handle.
+
 A version is *released* once it is not current and no micro-batch that could still run
-holds it (a micro-batch is done once a later micro-batch of its query has asked): the
-workers that learn of it drop its model and the executors' file of its payload. Batch
-actions do not hold a version: one in flight when its version is released rebuilds it
-(from the driver's copy) where a worker dropped it.
+holds it: the workers that learn of it drop its model and the executors' file of its
+payload. Batch actions do not hold a version: one in flight when its version is released
+rebuilds it (from the driver's copy) where a worker dropped it.
 """
 
 from __future__ import annotations
@@ -46,8 +50,11 @@ from ..payload.stored import StoredModel
 
 logger = logging.getLogger("spark_keras")
 
-# pins kept per handle: a micro-batch re-run after more than this many later scopes
-# asked gets the current version
+# pins kept per handle, least recently asked evicted first. What remains of the bound: a
+# batch action (a SQL execution, an RDD stage) or a query's latest micro-batch none of
+# whose tasks asked while this many other scopes of the handle did (distinct SQL
+# executions or stages, or streaming queries: a query's micro-batches take one pin) loses
+# its pin, and its tasks that ask after that get the current version
 MAX_PINS = 10_000
 # the task's local properties a scope is made of
 SCOPE_PROPERTIES = ("sql.streaming.queryId", "streaming.sql.batchId", "spark.sql.execution.id")
@@ -131,9 +138,10 @@ class Schedule:
         self._lock = threading.Lock()
         self.versions: dict[int, Version] = {first.index: first}
         self.current = first.index
+        # scope -> version index, least recently asked first
         self._pins: collections.OrderedDict[str, int] = collections.OrderedDict()
-        # per streaming query: its latest micro-batch that asked
-        self._latest_batch: dict[str, int] = {}
+        # per streaming query with a pin: its latest micro-batch that asked, and its scope
+        self._latest_batch: dict[str, tuple[int, str]] = {}
 
     def add(self, version: Version) -> None:
         """Make ``version`` current: scopes that ask from now on get it."""
@@ -167,30 +175,39 @@ class Schedule:
             return scope in self._pins
 
     def pin(self, scope: str | None) -> Version:
-        """The version ``scope`` scores with (the current one for a new scope, or none)."""
+        """The version ``scope`` scores with (the current one for a new scope, or none).
+        A micro-batch's pin replaces its query's earlier one (done: they run one after
+        another); a micro-batch older than its query's latest is done, and not pinned."""
         with self._lock:
             if scope is None:
                 return self.versions[self.current]
             index = self._pins.get(scope)
-            if index is None:
-                index = self._pins[scope] = self.current
-                if len(self._pins) > MAX_PINS:
-                    self._pins.popitem(last=False)
-                stream = _stream_batch(scope)
-                if stream is not None:
-                    query, batch = stream
-                    self._latest_batch[query] = max(batch, self._latest_batch.get(query, batch))
+            if index is not None:
+                self._pins.move_to_end(scope)  # least recently asked goes first
+                return self.versions[index]
+            stream = _stream_batch(scope)
+            if stream is not None:
+                query, batch = stream
+                latest = self._latest_batch.get(query)
+                if latest is not None and batch < latest[0]:  # a straggler of a done one
+                    return self.versions[self.current]
+                if latest is not None:
+                    self._pins.pop(latest[1], None)
+                self._latest_batch[query] = (batch, scope)
+            index = self._pins[scope] = self.current
+            while len(self._pins) > MAX_PINS:
+                evicted, _ = self._pins.popitem(last=False)
+                gone = _stream_batch(evicted)
+                if gone is not None and self._latest_batch.get(gone[0], (0, ""))[1] == evicted:
+                    del self._latest_batch[gone[0]]
             return self.versions[index]
 
     def released(self) -> list[Version]:
         """The versions no task needs any more: not current, and held by no micro-batch
-        that could still run (one whose query has a later micro-batch is done)."""
+        that could still run (a query's latest)."""
         with self._lock:
             held = {self.current}
-            for scope, index in self._pins.items():
-                stream = _stream_batch(scope)
-                if stream is not None and stream[1] >= self._latest_batch.get(stream[0], -1):
-                    held.add(index)
+            held.update(i for scope, i in self._pins.items() if scope.startswith("stream:"))
             return [v for i, v in self.versions.items() if i not in held]
 
 

@@ -1,0 +1,78 @@
+"""What the driver's channel keeps, and for how long, under load (issue 43's review): a
+real server on 127.0.0.1, real TLS, real schedules.
+
+* Pins: a streaming query's micro-batches take one pin, the others go least recently
+  asked first, and a worker keeps the answer of a scope it uses: an action is scored by
+  one version however many micro-batches and actions ask meanwhile.
+"""
+
+from __future__ import annotations
+
+import collections
+import types
+
+import pytest
+
+from spark_keras.errors import SparkKerasError
+from spark_keras.spark import task_version, versions
+from spark_keras.spark.version_server import Server
+from spark_keras.spark.versions import Schedule, Version
+
+
+@pytest.fixture
+def server():
+    server = Server("127.0.0.1")
+    yield server
+    server.close()
+
+
+# --- pins -----------------------------------------------------------------------------
+
+
+def test_a_long_action_keeps_its_version_while_a_stream_and_other_actions_ask(monkeypatch):
+    """A long action pinned to version 1; a streaming query with frequent triggers asks
+    for many more micro-batches than MAX_PINS (here 20), and other actions ask, the
+    action's tasks among them: after an update, its later tasks still get version 1.
+    Only a scope nobody asked for while MAX_PINS others were asked loses its pin."""
+    monkeypatch.setattr(versions, "MAX_PINS", 20)
+    schedule = Schedule(Version(1, "1", "m", 3))
+    assert schedule.pin("sql:spark1:1").label == "1"
+    for batch in range(1000):  # one query: each micro-batch replaces its earlier one
+        assert schedule.pin(f"stream:q:{batch}").label == "1"
+    schedule.add(Version(2, "2", "m.v2", 3))
+    assert schedule.pin("sql:spark1:1").label == "1"
+    assert schedule.pin("stream:q:999").label == "1"  # the query's latest, run again
+    assert schedule.pin("stream:q:3").label == "2"  # a straggler of a done one: current
+    assert [v.label for v in schedule.released()] == []  # the query's latest holds 1
+    assert schedule.pin("stream:q:1000").label == "2"
+    assert [v.label for v in schedule.released()] == ["1"]  # batch 999 is done
+    for n in range(2, 100):  # other actions; the long one's tasks keep asking
+        assert schedule.pin(f"sql:spark1:{n}").label == "2"
+        if n % 10 == 0:
+            assert schedule.pin("sql:spark1:1").label == "1"
+    assert schedule.pin("sql:spark1:1").label == "1"
+    schedule.add(Version(3, "3", "m.v3", 3))
+    assert schedule.pin("sql:spark1:99").label == "2"  # asked lately: kept
+    assert schedule.pin("sql:spark1:2").label == "3"  # asked by none of 20 later: gone
+
+
+def test_a_worker_keeps_the_answer_of_a_scope_it_uses(server, monkeypatch):
+    """A worker's answers are kept least recently used first (here 5): a scope whose
+    tasks keep running here is never asked of the driver again, however many other
+    scopes come and go (the driver, which forgot handle "live", would answer 404);
+    one unused while 5 others were used is asked again."""
+    monkeypatch.setattr(task_version, "_MAX_CHOSEN", 5)
+    monkeypatch.setattr(task_version, "_chosen", collections.OrderedDict())
+    for name in ("live", "other"):
+        server.register(name, Schedule(Version(1, "1", name, 3)))
+    live = types.SimpleNamespace(_name="live", _versions=server.address, _planned=1)
+    other = types.SimpleNamespace(_name="other", _versions=server.address, _planned=1)
+    assert task_version.version_for(live, "sql:1") is live
+    server.forget("live")  # asked again from now on, it answers 404
+    for n in range(2, 30):
+        assert task_version.version_for(other, f"sql:{n}") is other
+        assert task_version.version_for(live, "sql:1") is live  # from this worker's answers
+    for n in range(30, 35):
+        task_version.version_for(other, f"sql:{n}")
+    with pytest.raises(SparkKerasError, match="404"):
+        task_version.version_for(live, "sql:1")
