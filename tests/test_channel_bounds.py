@@ -4,18 +4,23 @@ real server on 127.0.0.1, real TLS, real schedules.
 * Pins: a streaming query's micro-batches take one pin, the others go least recently
   asked first, and a worker keeps the answer of a scope it uses: an action is scored by
   one version however many micro-batches and actions ask meanwhile.
+* Pool: a slow check of a watched model file runs in a thread of its own: every other
+  model's requests, and the other requests of its own model, are answered meanwhile.
 """
 
 from __future__ import annotations
 
 import collections
+import io
+import threading
+import time
 import types
 
 import pytest
 
 from spark_keras.errors import SparkKerasError
-from spark_keras.spark import task_version, versions
-from spark_keras.spark.version_server import Server
+from spark_keras.spark import channel_client, task_version, version_server, versions
+from spark_keras.spark.version_server import Server, ask, download
 from spark_keras.spark.versions import Schedule, Version
 
 
@@ -76,3 +81,55 @@ def test_a_worker_keeps_the_answer_of_a_scope_it_uses(server, monkeypatch):
         task_version.version_for(other, f"sql:{n}")
     with pytest.raises(SparkKerasError, match="404"):
         task_version.version_for(live, "sql:1")
+
+
+# --- the answering pool -------------------------------------------------------------------
+
+
+def test_a_slow_check_of_a_watched_file_holds_no_other_answer(server, monkeypatch):
+    """Model A's watched file takes long to read (the check waits until released: slow
+    storage) while six new actions of A ask, more than the pool's threads: model B's
+    /resolve and /payload are answered at once, and so is A's pinned scope; A's new
+    scopes get the current version after CHECK_WAIT (lowered to 1 s), the check running
+    once; the version it ships is what the next scope gets."""
+    monkeypatch.setattr(channel_client, "TIMEOUT", 3.0)
+    monkeypatch.setattr(version_server, "CHECK_WAIT", 1.0)
+    changed, storage_answers, runs = threading.Event(), threading.Event(), []
+    a = Schedule(Version(1, "1", "A", 3))
+
+    def check():  # a watched file's check: once changed, read slowly and shipped
+        runs.append(time.monotonic())
+        if changed.is_set():
+            storage_answers.wait(30)
+            a.add(Version(2, "2", "A.v2", 3, {"sha256": "0" * 64}))
+
+    server.register("A", a, check)
+    server.register("B", Schedule(Version(1, "1", "B", 3)))
+    server.keep_payload("B", 1, b"xyz")
+    assert ask(server.address, "A", "sql:1")["version"]["label"] == "1"  # unchanged: quick
+    changed.set()
+    runs.clear()
+    answers: dict[str, str] = {}
+    askers = [threading.Thread(target=lambda n=n: answers.update(
+        {n: ask(server.address, "A", f"sql:{100 + n}")["version"]["label"]})) for n in range(6)]
+    try:
+        for asker in askers:
+            asker.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert ask(server.address, "B", "sql:2")["version"]["label"] == "1"
+        out = io.BytesIO()
+        assert download(server.address, "B", 1, out) == 3 and out.getvalue() == b"xyz"
+        assert ask(server.address, "A", "sql:1")["version"]["label"] == "1"
+        assert time.monotonic() - started < 1.0
+        for asker in askers:
+            asker.join(5)
+        assert answers == {n: "1" for n in range(6)}  # the current version meanwhile
+        assert len(runs) == 1  # one check at a time
+    finally:
+        storage_answers.set()
+    deadline = time.monotonic() + 5
+    while a.pin(None).label != "2" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ask(server.address, "A", "sql:200")["version"]["label"] == "2"
+    assert ask(server.address, "A", "sql:100")["version"]["label"] == "1"  # kept its own

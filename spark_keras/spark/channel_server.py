@@ -8,8 +8,10 @@ constant time, then hands the path and query to a function that answers them
 
 * **threads**: one runs an asyncio event loop that accepts connections, runs TLS (on
   non-blocking ``ssl`` sockets: OpenSSL's state alone per connection), reads requests and
-  writes answers; the answering function (which may check a model file in storage) and
-  payload file reads run in a pool of at most ``WORKERS`` threads;
+  writes answers; the answering function and payload file reads run in a pool of at
+  most ``WORKERS`` threads. Slow work (a check of a model file in storage) runs
+  elsewhere: an answer may be :class:`Later`, which waits for it on the event loop,
+  holding no thread of the pool;
 * **connections**: at most ``MAX_CONNECTIONS`` at once, and never more than a quarter of
   the soft ``RLIMIT_NOFILE`` (:func:`connection_cap`). At the cap, the oldest connection
   that has not shown the token within ``GRACE`` seconds is dropped for a new one. When
@@ -39,6 +41,7 @@ status and at DEBUG after.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import datetime
 import errno
@@ -97,7 +100,18 @@ class Answer:
     start: int = 0
 
 
-Answering = Callable[[str, dict[str, str]], Answer]  # (path, query) -> answer; may raise Refused
+@dataclasses.dataclass
+class Later:
+    """An answer given once ``until`` is done, or ``within`` seconds passed (awaited on
+    the event loop: no thread of the pool waits): ``then()``'s, run in the pool."""
+
+    until: concurrent.futures.Future
+    within: float
+    then: Callable[[], Answer]
+
+
+# (path, query) -> answer; may raise Refused
+Answering = Callable[[str, dict[str, str]], "Answer | Later"]
 
 
 def connection_cap() -> int:
@@ -338,7 +352,11 @@ class Channel:
         """The answering function's answer (in the pool); its failures, other than a
         refusal, answer 500 and are logged once (an OSError there is not the connection's)."""
         try:
-            return await self._loop.run_in_executor(self._pool, self._answering, path, query)
+            answer = await self._loop.run_in_executor(self._pool, self._answering, path, query)
+            if isinstance(answer, Later):  # asyncio.wait cancels nothing at its timeout
+                await asyncio.wait([asyncio.wrap_future(answer.until)], timeout=answer.within)
+                answer = await self._loop.run_in_executor(self._pool, answer.then)
+            return answer
         except Refused:
             raise
         except Exception as exc:

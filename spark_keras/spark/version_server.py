@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -64,8 +65,8 @@ from typing import Any, Callable, Iterator
 
 from ..errors import ArgumentError, SparkKerasError
 from .channel_client import TIMEOUT, Address, ask, download
-from .channel_server import Answer, Channel, Refused
-from .versions import Schedule, Version, active_context, in_context
+from .channel_server import Answer, Channel, Later, Refused
+from .versions import CHECK_WAIT, Check, Schedule, Version, active_context, in_context
 
 __all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_if_idle", "driver_host",
            "bind_address"]
@@ -89,7 +90,7 @@ _FOLDER_LOCK = ".lock"  # in a driver's folder: flock'd by its driver while it l
 MAX_RETIRED = 1024
 
 
-def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer:
+def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer | Later:
     """The answer to a request that showed the token (run in the channel's pool)."""
     name = query.get("name", "")
     if not name or len(name) > 256:
@@ -99,11 +100,10 @@ def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer:
         if scope is not None and not _SCOPE.fullmatch(scope):
             raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
                                f"sql:<execution id> or stage:<stage id>)")
-        try:
-            answer = owner.resolve(name, scope)
-        except KeyError:
-            raise Refused(404, f"no model {name!r} here") from None
-        return Answer(json.dumps(answer).encode())
+        checking = owner.checking(name, scope)  # a watched file's check, off the pool
+        if checking is not None:
+            return Later(checking, CHECK_WAIT, lambda: _resolved(owner, name, scope))
+        return _resolved(owner, name, scope)
     if path == "/payload":
         index = query.get("index", "")
         if not _INDEX.fullmatch(index):
@@ -129,7 +129,7 @@ class Server:
         self.token = secrets.token_urlsafe(24)
         self._lock = threading.Lock()
         self._schedules: dict[str, Schedule] = {}
-        self._boundaries: dict[str, Callable[[], None]] = {}
+        self._boundaries: dict[str, Check] = {}
         self._payloads: dict[tuple[str, int], str] = {}
         self._folder: str | None = None  # made on the first payload kept, removed at exit
         self._folder_lock: int | None = None  # its lock file, locked while this server lives
@@ -166,11 +166,11 @@ class Server:
     def register(self, name: str, schedule: Schedule,
                  boundary: Callable[[], None] | None = None) -> None:
         """Answer for handle ``name``; ``boundary()`` runs before a new scope is pinned
-        (a watched URI checked there)."""
+        (a watched URI checked there), in a thread of its own (:meth:`checking`)."""
         with self._lock:
             self._schedules[name] = schedule
             if boundary is not None:
-                self._boundaries[name] = boundary
+                self._boundaries[name] = Check(name, boundary)
 
     def new_file(self) -> str:
         """A fresh path in the folder of payload copies, for :meth:`keep_payload`."""
@@ -241,22 +241,37 @@ class Server:
         with self._lock:
             return self._payloads[(name, index)]
 
+    def checking(self, name: str, scope: str | None) -> concurrent.futures.Future | None:
+        """The run of ``name``'s boundary (its watched file's check) that a new ``scope``
+        waits for before it is pinned (a future: :class:`~.versions.Check`), started if
+        none runs; None for a scope pinned already, or a handle without one. The check
+        runs in a thread of its own: slow storage never holds the channel's pool."""
+        scope = in_context(scope, active_context())
+        with self._lock:
+            schedule, boundary = self._schedules.get(name), self._boundaries.get(name)
+        if boundary is None or schedule is None or scope is None or schedule.is_pinned(scope):
+            return None
+        return boundary.start()
+
     def resolve(self, name: str, scope: str | None) -> dict[str, Any]:
+        """The answer to ``scope``'s request: the version it scores with (pinned now if
+        new), and the versions released."""
         scope = in_context(scope, active_context())  # a stage's id is its context's
         with self._lock:
             schedule = self._schedules.get(name)
             if schedule is None:
                 schedule = self._retired[name]
-            boundary = self._boundaries.get(name)
-        if boundary is not None and scope is not None and not schedule.is_pinned(scope):
-            try:
-                boundary()
-            except Exception as exc:  # a storage hiccup must not fail the tasks asking
-                logger.warning("cannot check the model file of %s for a new version: %s",
-                               name, exc)
         version = schedule.pin(scope)
         released = [_as_dict(v) for v in schedule.released() if v.index != version.index]
         return {"version": _as_dict(version), "released": released}
+
+
+def _resolved(owner: Server, name: str, scope: str | None) -> Answer:
+    try:
+        answer = owner.resolve(name, scope)
+    except KeyError:
+        raise Refused(404, f"no model {name!r} here") from None
+    return Answer(json.dumps(answer).encode())
 
 
 def _plan_if_unreachable() -> bool:

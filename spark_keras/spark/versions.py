@@ -33,6 +33,7 @@ rebuilds it (from the driver's copy) where a worker dropped it.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
@@ -56,6 +57,9 @@ logger = logging.getLogger("spark_keras")
 # executions or stages, or streaming queries: a query's micro-batches take one pin) loses
 # its pin, and its tasks that ask after that get the current version
 MAX_PINS = 10_000
+# seconds the first request of a new scope waits for a running check of its handle's
+# watched file (off the channel's pool) before it is answered the current version
+CHECK_WAIT = 5.0
 # the task's local properties a scope is made of
 SCOPE_PROPERTIES = ("sql.streaming.queryId", "streaming.sql.batchId", "spark.sql.execution.id")
 
@@ -306,3 +310,38 @@ class Watch:
             label = handle._adopt(payload)
             self._stamp, self._digest = stamp, payload.stored.digest
             logger.info("model file %s changed: version %s", self._uri, label)
+
+
+class Check:
+    """``check()`` (a :class:`Watch`'s: it may read storage and ship a version) run in a
+    thread of its own, one at a time, so that the driver's channel never runs it in the
+    pool answering every model's requests; its failures are logged, never raised."""
+
+    def __init__(self, name: str, check: Callable[[], None]) -> None:
+        self._name, self._check = name, check
+        self._lock = threading.Lock()
+        self._running: concurrent.futures.Future | None = None
+
+    def start(self) -> concurrent.futures.Future | None:
+        """The check running now, started if none runs (done once it ends); None when
+        no thread can start (the interpreter is exiting)."""
+        with self._lock:
+            if self._running is None or self._running.done():
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                future.set_running_or_notify_cancel()  # running: a waiter cannot cancel it
+                try:
+                    threading.Thread(target=self._run, args=(future,), daemon=True,
+                                     name=f"spark_keras check {self._name}").start()
+                except RuntimeError:
+                    return None
+                self._running = future
+            return self._running
+
+    def _run(self, future: concurrent.futures.Future) -> None:
+        try:
+            self._check()
+        except Exception as exc:  # a storage hiccup must not fail the tasks asking
+            logger.warning("cannot check the model file of %s for a new version: %s",
+                           self._name, exc)
+        finally:
+            future.set_result(None)
