@@ -6,12 +6,15 @@ real server on 127.0.0.1, real TLS, real schedules.
   one version however many micro-batches and actions ask meanwhile.
 * Pool: a slow check of a watched model file runs in a thread of its own: every other
   model's requests, and the other requests of its own model, are answered meanwhile.
+* Overflow: at the cap, connections that do not show the token at once keep no place.
 """
 
 from __future__ import annotations
 
 import collections
 import io
+import os
+import socket
 import threading
 import time
 import types
@@ -19,9 +22,11 @@ import types
 import pytest
 
 from spark_keras.errors import SparkKerasError
-from spark_keras.spark import channel_client, task_version, version_server, versions
+from spark_keras.spark import channel_client, channel_server, task_version, version_server, versions
 from spark_keras.spark.version_server import Server, ask, download
 from spark_keras.spark.versions import Schedule, Version
+
+from .test_channel_security import _hold_the_cap
 
 
 @pytest.fixture
@@ -133,3 +138,38 @@ def test_a_slow_check_of_a_watched_file_holds_no_other_answer(server, monkeypatc
         time.sleep(0.05)
     assert ask(server.address, "A", "sql:200")["version"]["label"] == "2"
     assert ask(server.address, "A", "sql:100")["version"]["label"] == "1"  # kept its own
+
+
+# --- overflow places ----------------------------------------------------------------------
+
+
+def test_silent_connections_at_the_cap_keep_no_overflow_place(monkeypatch):
+    """Every place taken by readers of a large payload (a cap of 8: 2 overflow places),
+    8 connections that open TCP and send nothing (no TLS, no token) wait ahead of a real
+    /resolve in the listen backlog: each used to hold an overflow place for the whole
+    OVERFLOW_TIMEOUT (5 s: the request came after 20 s); now one that has not shown a
+    request head with the token at once is dropped for the next, and the request is
+    answered within a few seconds (its client's timeout lowered to 6 s)."""
+    monkeypatch.setattr(channel_server, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(channel_client, "TIMEOUT", 6.0)
+    payload = os.urandom(16 << 20)  # more than the kernel's socket buffers hold
+    server = Server("127.0.0.1")
+    readers, silent = [], []
+    try:
+        assert (server._channel.cap, server._channel.overflow_cap) == (8, 2)
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        server.keep_payload("m", 1, payload)
+        readers = _hold_the_cap(server)
+        for _ in range(8):
+            silent.append(socket.create_connection(("127.0.0.1", server.address.port)))
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
+        assert time.monotonic() - started < 5.0
+        for sock in silent[:4]:  # the first ones were taken and dropped: closed
+            sock.settimeout(5)
+            assert sock.recv(1) == b""
+    finally:
+        for sock in readers + silent:
+            sock.close()
+        server.close()

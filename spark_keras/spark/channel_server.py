@@ -16,7 +16,10 @@ constant time, then hands the path and query to a function that answers them
   the soft ``RLIMIT_NOFILE`` (:func:`connection_cap`). At the cap, the oldest connection
   that has not shown the token within ``GRACE`` seconds is dropped for a new one. When
   every one has shown it (readers of large payloads), up to a quarter of the cap more
-  are taken as *overflow*: within ``OVERFLOW_TIMEOUT`` seconds each gets its answer if
+  are taken as *overflow*: each must show a whole request head with the token within
+  ``OVERFLOW_HEAD_TIMEOUT`` seconds (and, the overflow full, the oldest that has not
+  within ``GRACE`` is dropped for a new one), so that silent connections hold those
+  places for moments only; within ``OVERFLOW_TIMEOUT`` seconds each gets its answer if
   that is a short body, or ``503`` with ``Retry-After: RETRY_AFTER`` if it would stream
   a file, so that readers come back later instead of waiting in the kernel's listen
   backlog until their requests time out; past that, new connections wait there. Out of
@@ -68,6 +71,7 @@ MAX_CONNECTIONS = 256
 WORKERS = 4
 GRACE = 0.5  # seconds a connection keeps its place at the cap before showing the token
 OVERFLOW_TIMEOUT = 5.0  # seconds an overflow connection gets for its handshake, head, answer
+OVERFLOW_HEAD_TIMEOUT = 1.0  # of them, seconds for its handshake and a head with the token
 RETRY_AFTER = 2  # seconds a reader told 503 (the cap is full of readers) waits, at least
 HEAD_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0  # seconds a reader may take nothing of an answer
@@ -256,22 +260,25 @@ class Channel:
     async def _room(self) -> bool:
         """Return once a connection may be accepted: below the cap, or after dropping
         the oldest connection that has not shown the token within GRACE seconds; or, all
-        of them having shown it, as an overflow connection (True) while there is room."""
+        of them having shown it, as an overflow connection (True) while there is room, or
+        after dropping the oldest overflow one that has not shown it within GRACE."""
         while len(self._connections) - self._overflowing >= self.cap:
             self._log_once("cap", "the driver's channel holds %d connections, its maximum: new "
                            "ones wait, and those that do not show the token within %.1f s are "
                            "dropped for them", self.cap, GRACE)
             oldest = next((c for c in self._connections if not c.shown and not c.overflow), None)
+            if oldest is None:
+                if self._overflowing < self.overflow_cap:
+                    self._log_once("busy", "the driver's channel holds %d connections, its "
+                                   "maximum, all reading answers: readers of payloads are told "
+                                   "to come back in %d s (503)", self.cap, RETRY_AFTER)
+                    return True
+                oldest = next((c for c in self._connections if c.overflow and not c.shown), None)
             age = time.monotonic() - oldest.since if oldest is not None else 0.0
             if oldest is not None and age >= GRACE:
                 self._drop(oldest)
                 await asyncio.sleep(0)  # its task closes its socket
                 continue
-            if oldest is None and self._overflowing < self.overflow_cap:
-                self._log_once("busy", "the driver's channel holds %d connections, its maximum, "
-                               "all reading answers: readers of payloads are told to come back "
-                               "in %d s (503)", self.cap, RETRY_AFTER)
-                return True
             self._freed.clear()
             try:
                 async with asyncio.timeout(GRACE - age if oldest is not None else ACCEPT_PAUSE):
@@ -321,8 +328,8 @@ class Channel:
 
     async def _exchange(self, connection: _Connection) -> None:
         sock = connection.sock
-        try:
-            async with asyncio.timeout(HEAD_TIMEOUT):
+        try:  # at the cap (overflow), only a connection that shows the token at once stays
+            async with asyncio.timeout(OVERFLOW_HEAD_TIMEOUT if connection.overflow else HEAD_TIMEOUT):
                 await self._io(sock, sock.do_handshake)
                 path, query, start = self._request(await self._read_head(sock))
             connection.shown = True
