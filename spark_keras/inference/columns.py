@@ -147,6 +147,9 @@ def _ndarray_to_arrow(name: str, a: np.ndarray) -> pa.Array:
         return _arrow_of(name, a)
     flat = np.ascontiguousarray(a).reshape(-1)
     width = int(np.prod(a.shape[1:], dtype=np.int64))
+    if width == 0:  # rows of no values (Arrow has no fixed-size list of 0): empty lists,
+        offsets = pa.array(np.zeros(len(a) + 1, dtype=np.int32))  # which the input check
+        return pa.ListArray.from_arrays(offsets, _arrow_of(name, flat))  # refuses by shape
     return pa.FixedSizeListArray.from_arrays(_arrow_of(name, flat), width)
 
 

@@ -163,6 +163,8 @@ def score(handle: Any, columns: Columns, *, batch_size: int, on_invalid: str = "
     preprocess = getattr(handle, "preprocess", None)
     n, names = _rows_and_names(columns)
     failed: dict[int, tuple[str, str]] = {}  # batch row -> why a call raised on it, its class
+    if preprocess is not None and not n:  # no rows to preprocess: none to score (a function
+        return Scored(signature, empty_outputs(signature), None)  # may raise on 0, or make 0-wide)
     if preprocess is not None:
         found: dict[int, BaseException] | None = {} if on_invalid == "null" else None
         columns = preprocess.apply(columns, signature, names_of, failures=found)
