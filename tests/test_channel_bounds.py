@@ -7,6 +7,7 @@ real server on 127.0.0.1, real TLS, real schedules.
 * Pool: a slow check of a watched model file runs in a thread of its own: every other
   model's requests, and the other requests of its own model, are answered meanwhile.
 * Overflow: at the cap, connections that do not show the token at once keep no place.
+* Copies: the driver deletes a version's copy once it is neither current nor pinned.
 """
 
 from __future__ import annotations
@@ -173,3 +174,54 @@ def test_silent_connections_at_the_cap_keep_no_overflow_place(monkeypatch):
         for sock in readers + silent:
             sock.close()
         server.close()
+
+
+# --- the driver's copies ------------------------------------------------------------------
+
+
+def _copies(server: Server, name: str = "m") -> list[str]:
+    """The driver's copies of model ``name``'s versions."""
+    return sorted(f for f in os.listdir(server._folder)
+                  if f.startswith(f"{name}.") and f.endswith(".skp"))
+
+
+def test_a_versions_copy_goes_once_it_is_neither_current_nor_pinned(server, monkeypatch):
+    """Nineteen versions shipped while a micro-batch and an action hold version 1: the
+    driver keeps the copies of 1 and of the current one only. The query's next
+    micro-batch and the action's pin going (MAX_PINS lowered to 2) delete 1's; a
+    download of a deleted copy says so."""
+    monkeypatch.setattr(versions, "MAX_PINS", 2)
+    schedule = Schedule(Version(1, "1", "m", 2))
+    server.register("m", schedule)
+    server.keep_payload("m", 1, b"v1")
+    assert ask(server.address, "m", "stream:q:0")["version"]["index"] == 1
+    assert ask(server.address, "m", "sql:1")["version"]["index"] == 1
+    for index in range(2, 20):
+        server.keep_payload("m", index, b"v%d" % index)
+        schedule.add(Version(index, str(index), f"m.v{index}", 3, {"sha256": "0" * 64}))
+    assert _copies(server) == ["m.1.skp", "m.19.skp"]
+    assert ask(server.address, "m", "stream:q:1")["version"]["index"] == 19
+    assert _copies(server) == ["m.1.skp", "m.19.skp"]  # the action sql:1 holds 1
+    assert ask(server.address, "m", "sql:2")["version"]["index"] == 19  # sql:1's pin goes
+    assert _copies(server) == ["m.19.skp"]
+    with pytest.raises(SparkKerasError, match="copy of version 5 of model m is missing .*"
+                                              "neither current nor pinned"):
+        download(server.address, "m", 5, io.BytesIO())
+    out = io.BytesIO()
+    assert download(server.address, "m", 19, out) == 3 and out.getvalue() == b"v19"
+
+
+def test_updates_leave_the_driver_one_copy_when_no_scope_holds_the_old_ones(spark):
+    """A real handle shipped from the driver, updated five times without a job: one
+    copy left, the current version's (there were six)."""
+    import spark_keras as sk
+
+    from . import models
+
+    bm = sk.BroadcastModel(spark, models.mlp(n_features=4, hidden=8, name="c1"), ship="driver")
+    try:
+        for n in range(2, 7):
+            bm.update(models.mlp(n_features=4, hidden=8, name=f"c{n}"))
+        assert _copies(bm._server, bm._name) == [f"{bm._name}.6.skp"]
+    finally:
+        bm.destroy()

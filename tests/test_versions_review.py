@@ -113,9 +113,10 @@ def test_concurrent_updates_get_distinct_labels_and_none_is_lost(spark):
         assert sorted(schedule.labels()) == sorted(["1", *labels])
         assert len(schedule.versions) == n + 1  # no update lost
         assert schedule.versions[schedule.current].label == bm.version
-        for index in schedule.versions:  # each version's payload is kept, under its number
-            if index > 1:
-                assert os.path.isfile(bm._server.payload_path(bm._name, index))
+        current = bm._server.payload_path(bm._name, schedule.current)  # under its number
+        assert os.path.isfile(current) and current.endswith(f".{schedule.current}.skp")
+        kept = [f for f in os.listdir(os.path.dirname(current)) if f.startswith(f"{bm._name}.")]
+        assert kept == [os.path.basename(current)]  # the others, unused, were deleted
     finally:
         bm.destroy()
 

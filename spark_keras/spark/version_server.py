@@ -10,8 +10,9 @@ server's secret token:
   of the forms :func:`.versions.scope_of` makes is refused (400) before it reaches the
   schedule;
 * ``GET /payload?name=<handle>&index=<n>``: a version's payload bytes (the driver keeps
-  a copy of each version it shipped itself or read from storage, until ``destroy`` or
-  until the handle is garbage-collected; 410 if that copy was deleted).
+  a copy of each version it shipped itself or read from storage while that version is
+  current or pinned by a scope, and until ``destroy`` or until the handle is
+  garbage-collected; 410 once that copy was deleted).
 
 The server lives while a handle does, or a Spark context of this process (its stop is
 hooked): once neither does, it closes (its threads end, its port and its folder go), and
@@ -131,6 +132,7 @@ class Server:
         self._schedules: dict[str, Schedule] = {}
         self._boundaries: dict[str, Check] = {}
         self._payloads: dict[tuple[str, int], str] = {}
+        self._deleted: set[tuple[str, int]] = set()  # copies deleted once unused (_discard)
         self._folder: str | None = None  # made on the first payload kept, removed at exit
         self._folder_lock: int | None = None  # its lock file, locked while this server lives
         # collected handles: their current version, for the plans still running
@@ -171,6 +173,20 @@ class Server:
             self._schedules[name] = schedule
             if boundary is not None:
                 self._boundaries[name] = Check(name, boundary)
+        schedule.when_unused(functools.partial(self._discard, name))
+
+    def _discard(self, name: str, indices: list[int]) -> None:
+        """Delete the copies of ``name``'s versions ``indices``: neither current nor
+        pinned by any scope, no task is given them any more."""
+        with self._lock:
+            paths = [self._payloads.pop((name, i)) for i in indices if (name, i) in self._payloads]
+            if name in self._schedules:  # (a forgotten handle's are all gone)
+                self._deleted.update((name, i) for i in indices)
+        for path in paths:
+            _remove(path)
+        if paths:
+            logger.debug("model %s: deleted the driver's copies of versions %s (neither "
+                         "current nor pinned)", name, indices)
 
     def new_file(self) -> str:
         """A fresh path in the folder of payload copies, for :meth:`keep_payload`."""
@@ -224,6 +240,7 @@ class Server:
                     self._retired.popitem(last=False)
             paths = [p for (n, _), p in self._payloads.items() if n == name]
             self._payloads = {k: p for k, p in self._payloads.items() if k[0] != name}
+            self._deleted = {k for k in self._deleted if k[0] != name}
         for path in paths:
             _remove(path)
 
@@ -238,7 +255,12 @@ class Server:
             self._retired.clear()
 
     def payload_path(self, name: str, index: int) -> str:
+        """The driver's copy of version ``index`` of ``name`` (KeyError: none here;
+        Refused 410: deleted once the version was unused)."""
         with self._lock:
+            if (name, index) in self._deleted:
+                raise Refused(410, f"version {index} of model {name} is neither current nor "
+                                   f"pinned by a micro-batch or action: its copy was deleted")
             return self._payloads[(name, index)]
 
     def checking(self, name: str, scope: str | None) -> concurrent.futures.Future | None:

@@ -27,7 +27,9 @@ The other pins go least recently asked first, past :data:`MAX_PINS` per handle.
 A version is *released* once it is not current and no micro-batch that could still run
 holds it: the workers that learn of it drop its model and the executors' file of its
 payload. Batch actions do not hold a version: one in flight when its version is released
-rebuilds it (from the driver's copy) where a worker dropped it.
+rebuilds it (from the driver's copy) where a worker dropped it. A version that is neither
+current nor pinned by any scope is *unused*: no task can be given it any more, and the
+driver deletes its copy (:meth:`Schedule.when_unused`).
 """
 
 from __future__ import annotations
@@ -146,12 +148,23 @@ class Schedule:
         self._pins: collections.OrderedDict[str, int] = collections.OrderedDict()
         # per streaming query with a pin: its latest micro-batch that asked, and its scope
         self._latest_batch: dict[str, tuple[int, str]] = {}
+        self._holders: collections.Counter[int] = collections.Counter()  # index -> its pins
+        self._on_unused: Callable[[list[int]], None] | None = None
+
+    def when_unused(self, call: Callable[[list[int]], None]) -> None:
+        """Have ``call(indices)`` run (outside the schedule's lock) when versions become
+        unused: neither current nor pinned by any scope, so that no task is given them
+        any more (a version stops being current for good)."""
+        self._on_unused = call
 
     def add(self, version: Version) -> None:
         """Make ``version`` current: scopes that ask from now on get it."""
         with self._lock:
+            previous = self.current
             self.versions[version.index] = version
             self.current = version.index
+            unused = self._unused([previous])
+        self._report(unused)
 
     def labels(self) -> list[str]:
         with self._lock:
@@ -189,22 +202,44 @@ class Schedule:
             if index is not None:
                 self._pins.move_to_end(scope)  # least recently asked goes first
                 return self.versions[index]
+            unpinned = []
             stream = _stream_batch(scope)
             if stream is not None:
                 query, batch = stream
                 latest = self._latest_batch.get(query)
                 if latest is not None and batch < latest[0]:  # a straggler of a done one
                     return self.versions[self.current]
-                if latest is not None:
-                    self._pins.pop(latest[1], None)
+                if latest is not None and latest[1] in self._pins:
+                    unpinned.append(self._pins.pop(latest[1]))
                 self._latest_batch[query] = (batch, scope)
             index = self._pins[scope] = self.current
+            self._holders[index] += 1
             while len(self._pins) > MAX_PINS:
-                evicted, _ = self._pins.popitem(last=False)
+                evicted, held = self._pins.popitem(last=False)
+                unpinned.append(held)
                 gone = _stream_batch(evicted)
                 if gone is not None and self._latest_batch.get(gone[0], (0, ""))[1] == evicted:
                     del self._latest_batch[gone[0]]
-            return self.versions[index]
+            version = self.versions[index]
+            for held in unpinned:
+                self._holders[held] -= 1
+            unused = self._unused(unpinned)
+        self._report(unused)
+        return version
+
+    def _unused(self, candidates: list[int]) -> list[int]:
+        """Of ``candidates``, the versions unused now (under the lock)."""
+        unused = []
+        for index in dict.fromkeys(candidates):
+            if self._holders[index] <= 0:
+                self._holders.pop(index, None)
+                if index != self.current and index in self.versions:
+                    unused.append(index)
+        return unused
+
+    def _report(self, unused: list[int]) -> None:
+        if unused and self._on_unused is not None:
+            self._on_unused(unused)
 
     def released(self) -> list[Version]:
         """The versions no task needs any more: not current, and held by no micro-batch
