@@ -6,7 +6,10 @@ Protocol, for processes that may start, die or race at any moment:
 * a reader that finds ``<name>`` complete (its size is the payload's) uses it without
   taking any lock; given ``verify`` (the digest the plan fixed, checked by its caller),
   only once that file passed it: once per process and file, by its identity, size and
-  times (a file replaced or altered since is checked again; one that fails is refused);
+  times (a file replaced since, or written through its size or times, is checked again;
+  one that fails is refused. A check before mapping: the executor's user, trusted as
+  for Spark's own files, can still change it after, or through a shared mapping that
+  keeps its times);
 * otherwise it takes an exclusive ``flock`` on ``<name>.lock`` (the kernel releases it
   when its holder dies), looks again, removes temporary files left by writers that died,
   writes ``<name>.tmp-<pid>`` and renames it to ``<name>`` (atomic): nobody ever maps a
@@ -111,7 +114,8 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
 
 
 # In this process: the payload files that passed their caller's verify (land), by path:
-# (device, inode, size, mtime, ctime) then; a file replaced or altered since differs
+# (device, inode, size, mtime, ctime) then; a file replaced or written since differs (a
+# write through a shared mapping may not: the executor's user is trusted, see above)
 _verified: dict[str, tuple[int, ...]] = {}
 _MAX_VERIFIED = 1024
 
