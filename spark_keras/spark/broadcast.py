@@ -369,7 +369,7 @@ class BroadcastModel(ModelHandle):
 
     def predict_udf(self, *, return_type: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
                     on_invalid: str = "error", max_invalid: float | None = None,
-                    buckets: Any = None) -> Any:
+                    buckets: Any = None, max_invalid_scope: str = "action") -> Any:
         """A vectorized, iterator-form UDF scoring this model: ``df.select(udf("features"))``.
 
         Columns: one array/Vector/scalar column per model input, several scalar columns stacked as
@@ -386,9 +386,13 @@ class BroadcastModel(ModelHandle):
                 row, naming the column and row, and on a row the model (or the preprocess
                 function) raises on (:class:`~spark_keras.errors.ModelCallError`, found by
                 retrying the batch in parts); ``"null"`` gives such rows a null prediction.
-            max_invalid: (with ``"null"``) a count (>= 1) or a fraction (< 1) of invalid rows per
-                task beyond which it fails with :class:`~spark_keras.errors.InvalidRowsError`
-                (counted per task: a count as soon as it is passed, a fraction over all its rows).
+            max_invalid: (with ``"null"``) a count (>= 1) or a fraction (< 1) of invalid rows
+                beyond which scoring fails with :class:`~spark_keras.errors.InvalidRowsError`,
+                counted over every task of the action (micro-batch): a count as soon as the
+                tasks' sum passes it, a fraction once every task of the stage has scored its
+                rows (see :mod:`spark_keras.inference.limits`).
+            max_invalid_scope: ``"action"`` (default: the tasks report their counts to the
+                driver) or ``"task"`` (each task alone, no request to the driver).
             buckets: for a model that masks its variable-length inputs (``Masking``,
                 ``Embedding(mask_zero=True)``, a keras-hub ``padding_mask``): pad a batch's rows
                 into at most this many lengths (an int), or to these lengths (a sequence), one
@@ -403,13 +407,15 @@ class BroadcastModel(ModelHandle):
 
         self.check_usable()
         return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
-                                  on_invalid=on_invalid, max_invalid=max_invalid, buckets=buckets)
+                                  on_invalid=on_invalid, max_invalid=max_invalid, buckets=buckets,
+                                  max_invalid_scope=max_invalid_scope)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
                   profile: Any = None, error_col: str | None = None,
                   observe: Any = None, max_invalid: float | None = None, buckets: Any = None,
-                  id_col: str | None = None, version_col: str | None = None) -> Any:
+                  id_col: str | None = None, version_col: str | None = None,
+                  max_invalid_scope: str = "action") -> Any:
         """Score ``df``, with zero-copy Arrow-to-numpy conversion.
 
         On PySpark >= 4.1 only the input columns travel to Python and only the new columns come
@@ -436,7 +442,7 @@ class BroadcastModel(ModelHandle):
                 progress then reports ``observedMetrics[name]``) that, once an action has run,
                 holds ``rows``, ``invalid_rows``, ``model_builds`` (this model's builds in the
                 Python workers during the query's tasks: 0 where cached) and ``build_seconds``.
-            max_invalid: as in :meth:`predict_udf`.
+            max_invalid, max_invalid_scope: as in :meth:`predict_udf`.
             buckets: as in :meth:`predict_udf`.
             id_col: a column naming each row (a record id): errors and ``error_col``
                 reasons say ``row id=17`` instead of ``row 10 of this batch``.
@@ -457,11 +463,13 @@ class BroadcastModel(ModelHandle):
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
                                  on_invalid=on_invalid, profile=profile, error_col=error_col,
                                  observe=observe, max_invalid=max_invalid, id_col=id_col,
-                                 version_col=version_col, buckets=buckets)
+                                 version_col=version_col, buckets=buckets,
+                                 max_invalid_scope=max_invalid_scope)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
                           on_invalid: str = "error", max_invalid: float | None = None,
-                          id_col: str | None = None, buckets: Any = None) -> Iterator[Any]:
+                          id_col: str | None = None, buckets: Any = None,
+                          max_invalid_scope: str = "action") -> Iterator[Any]:
         """For ``rdd.mapPartitions(bm.predict_partition)``: one prediction per row, in order.
 
         Args:
@@ -469,7 +477,8 @@ class BroadcastModel(ModelHandle):
                 with one value per model input, or a dict keyed by input name.
             batch_size: rows per model call.
             on_invalid: as in :meth:`predict_udf` (the partition is the task).
-            max_invalid: as in :meth:`predict_udf` (the partition is the task).
+            max_invalid, max_invalid_scope: as in :meth:`predict_udf` (the action: every
+                task of the job's stage that scores with this handle and limit).
             buckets: as in :meth:`predict_udf` (checked in the task).
             id_col: a field of each row (a ``Row`` or a dict) naming it in errors (``row
                 id=17``); the row's other fields are the model's inputs.
@@ -488,7 +497,8 @@ class BroadcastModel(ModelHandle):
         from . import scoring
 
         return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
-                                    max_invalid=max_invalid, id_col=id_col, buckets=buckets)
+                                    max_invalid=max_invalid, id_col=id_col, buckets=buckets,
+                                    max_invalid_scope=max_invalid_scope)
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -98,15 +98,29 @@ def ask(address: Address, name: str, scope: str | None) -> dict[str, Any]:
         ChannelTrustError: the server is not the driver (its certificate).
         SparkKerasError: the driver refused (an unknown or destroyed handle).
     """
-    query = urllib.parse.urlencode({"name": name, "scope": scope or ""})
-    with _exchange(address, f"/resolve?{query}", name) as response:
-        with _in_transit(address, "/resolve"):
+    return _answer(address, "/resolve", {"name": name, "scope": scope or ""})
+
+
+def report(address: Address, fields: dict[str, str]) -> dict[str, Any]:
+    """The driver's answer to a task's report of its invalid rows (``fields``: the query
+    :mod:`.budget_ledger` reads; ``name`` is the budget's key).
+
+    Raises:
+        as :func:`ask`.
+    """
+    return _answer(address, "/invalid", fields)
+
+
+def _answer(address: Address, route: str, fields: dict[str, str]) -> dict[str, Any]:
+    """The JSON answer to ``GET route?fields``."""
+    with _exchange(address, f"{route}?{urllib.parse.urlencode(fields)}", fields["name"]) as response:
+        with _in_transit(address, route):
             body = response.read()
-        _check_length(address, "/resolve", response, len(body))
+        _check_length(address, route, response, len(body))
     try:
         return json.loads(body)
     except ValueError as exc:
-        raise ChannelError(f"the driver at {address.url} answered /resolve with text that is "
+        raise ChannelError(f"the driver at {address.url} answered {route} with text that is "
                            f"not JSON ({exc})") from exc
 
 

@@ -30,7 +30,7 @@ from ..inference.options import DEFAULT_BATCH_SIZE, Buckets, check_batch_size, c
 from ..inference.outputs import to_arrow
 from ..inference.rows import RowNames
 from ..inference.specs import Signature, empty_outputs
-from . import scoring, versions
+from . import job_budget, scoring, versions
 from .broadcast import BroadcastModel
 
 logger = logging.getLogger("spark_keras")
@@ -146,7 +146,8 @@ class KeyedModels:
                   output_col: str = "prediction", *, batch_size: int = DEFAULT_BATCH_SIZE,
                   on_invalid: str = "error", error_col: str | None = None,
                   version_col: str | None = None, max_invalid: float | None = None,
-                  id_col: str | None = None, buckets: Any = None) -> Any:
+                  id_col: str | None = None, buckets: Any = None,
+                  max_invalid_scope: str = "action") -> Any:
         """Score ``df``, each row with the model of its ``key`` column's value.
 
         A row whose key has no model (or is null) is invalid: under ``on_invalid="null"``
@@ -160,7 +161,8 @@ class KeyedModels:
 
         Args:
             df, input_cols, output_col, batch_size, on_invalid, error_col, version_col,
-                max_invalid, id_col, buckets: as for :meth:`BroadcastModel.transform`
+                max_invalid, max_invalid_scope, id_col, buckets: as for
+                :meth:`BroadcastModel.transform`
                 (``version_col``: the version of the row's key's model; ``buckets``: every
                 key's model must mask its padding).
             key: the column holding each row's key.
@@ -177,7 +179,8 @@ class KeyedModels:
         return scoring.transform(self, df, input_cols, output_col,  # type: ignore[arg-type]
                                  batch_size=batch_size, on_invalid=on_invalid, error_col=error_col,
                                  max_invalid=max_invalid, id_col=id_col, version_col=version_col,
-                                 key_col=key, scorer=keyed_columns, buckets=buckets)
+                                 key_col=key, scorer=keyed_columns, buckets=buckets,
+                                 max_invalid_scope=max_invalid_scope)
 
     def predict_udf(self, *, batch_size: int = DEFAULT_BATCH_SIZE,
                     on_invalid: str = "error") -> Callable[..., Any]:
@@ -247,7 +250,7 @@ class KeyedModels:
 
 def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Sequence[pa.Array]],
                   *, batch_size: int, on_invalid: str, reasons: bool, figures: bool = False,
-                  max_invalid: float | None = None, id_col: str | None = None,
+                  max_invalid: job_budget.MaxInvalid = None, id_col: str | None = None,
                   version: bool = False, buckets: Buckets = None) -> Iterator[list[pa.Array]]:
     """In a task: per batch of ``[key, *inputs(, id)]`` columns, what
     :func:`~.scoring._scored_columns` gives, each key's rows scored by its model. Errors
@@ -257,7 +260,7 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
     # every batch may hold every key: each model built once per worker, not per batch
     model_cache.make_room(len(keys), f"KeyedModels of {len(keys)} keys")
     known: dict[pa.DataType, tuple[pa.Array, np.ndarray]] = {}  # by key column type
-    budget = InvalidBudget(max_invalid)
+    budget = job_budget.budget_of(max_invalid)
     # each key's rows are counted with the batch, after its last key, not on their own
     per_key = InvalidBudget(math.inf) if budget.active else budget
     for arrays in batches:

@@ -6,6 +6,7 @@ as an Arrow column, a pandas column or one value per row."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
@@ -28,6 +29,8 @@ from ..inference.options import (
 from ..inference.outputs import to_arrow, to_rows
 from ..inference.preprocess import columns_of_rows
 from . import figures as build_figures
+from . import job_budget
+from .job_budget import MaxInvalid
 from .resources import check_profile
 from .schema_check import check_schema
 from .types import prediction_type, spark_type
@@ -50,9 +53,11 @@ class PredictUDF:
 
     def __init__(self, handle: ModelHandle, *, return_type: Any = None,
                  batch_size: int, on_invalid: str = "error",
-                 max_invalid: float | None = None, buckets: Any = None) -> None:
+                 max_invalid: float | None = None, buckets: Any = None,
+                 max_invalid_scope: str = "action") -> None:
         check_on_invalid(on_invalid)
         self.max_invalid = check_max_invalid(max_invalid, on_invalid)
+        self.max_invalid_scope = job_budget.check_scope(max_invalid_scope)
         self.buckets = bucketing.checked(handle, buckets)
         self.handle = handle
         self.returnType = spark_type(return_type) if return_type is not None \
@@ -66,21 +71,23 @@ class PredictUDF:
         from pyspark.sql.types import StructField
 
         names = [_column_name(c) for c in columns]
+        # each column made is a budget of its own
+        max_invalid = job_budget.limit_for(self.handle, self.max_invalid, self.max_invalid_scope)
         score_batches = functools.partial(_scored_columns, self.handle, names,
                                           batch_size=self.batch_size, on_invalid=self.on_invalid,
                                           reasons=False, figures=False,
-                                          max_invalid=self.max_invalid, buckets=self.buckets)
+                                          max_invalid=max_invalid, buckets=self.buckets)
         udf = _arrow_udf_of(score_batches, len(names), [StructField("prediction", self.returnType)])
         if udf is None:  # PySpark < 4.1: a pandas UDF
             run = functools.partial(score, self.handle, batch_size=self.batch_size,
                                     on_invalid=self.on_invalid,
                                     reasons=self.max_invalid is not None, buckets=self.buckets)
-            udf = _make_pandas_udf(names, self.returnType, run, self.max_invalid)
+            udf = _make_pandas_udf(names, self.returnType, run, max_invalid)
         return udf(*columns)
 
 
 def _make_pandas_udf(names: list[str], return_type: Any, run: Any,
-                     max_invalid: float | None = None):
+                     max_invalid: MaxInvalid = None):
     import operator
 
     import pandas as pd
@@ -89,7 +96,7 @@ def _make_pandas_udf(names: list[str], return_type: Any, run: Any,
     from pyspark.sql.types import StructType
 
     def predict(batches):
-        budget = InvalidBudget(max_invalid)  # per task
+        budget = job_budget.budget_of(max_invalid)
         for batch in batches:
             series = list(batch) if isinstance(batch, (tuple, list)) else [batch]
             scored = run(cols.from_pandas(names, series))
@@ -138,13 +145,14 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               profile: Any = None, error_col: str | None = None, observe: Any = None,
               max_invalid: float | None = None, id_col: str | None = None,
               version_col: str | None = None, key_col: str | None = None,
-              scorer: Any = None, buckets: Any = None) -> Any:
+              scorer: Any = None, buckets: Any = None, max_invalid_scope: str = "action") -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
     scored rows; it needs ``on_invalid="null"``; and ``version_col``: the label of the
     model version that scored each row), observed as ``observe`` (an
-    ``Observation`` or a name) with :data:`METRICS` if given; each task fails once its
-    invalid rows pass ``max_invalid`` (:mod:`spark_keras.inference.limits`). Errors and
-    reasons name a row by its ``id_col`` value if given.
+    ``Observation`` or a name) with :data:`METRICS` if given; scoring fails once the
+    invalid rows of the action's tasks (of each task, under ``max_invalid_scope="task"``)
+    pass ``max_invalid`` (:mod:`spark_keras.inference.limits`). Errors and reasons name a
+    row by its ``id_col`` value if given.
 
     On PySpark >= 4.1 only the input columns go to Python and only the new columns come
     back (an ``arrow_udf``); with a ``profile`` (a ``ResourceProfile``, PySpark >= 4.0),
@@ -160,6 +168,7 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     check_profile(profile)
     batch_size = check_batch_size(batch_size)
     max_invalid = check_max_invalid(max_invalid, on_invalid)
+    job_budget.check_scope(max_invalid_scope)
     buckets = bucketing.checked(handle, buckets) if scorer is None else check_buckets(buckets)
     _check_observe(observe)
     names = [input_cols] if isinstance(input_cols, str) else list(input_cols)
@@ -196,9 +205,10 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
                                   f"transform adds for its figures: rename it")
         fields += [StructField(_BUILDS, LongType()), StructField(_BUILD_SECONDS, DoubleType()),
                    StructField(_REASONS, build_figures.reasons_type())]
+    limit = job_budget.limit_for(handle, max_invalid, max_invalid_scope, df.sparkSession)
     score_batches = functools.partial(scorer or _scored_columns, handle, names, batch_size=batch_size,
                                       on_invalid=on_invalid, reasons=error_col is not None,
-                                      figures=observe is not None, max_invalid=max_invalid,
+                                      figures=observe is not None, max_invalid=limit,
                                       id_col=id_col, version=version_col is not None,
                                       buckets=buckets)
     udf = None if profile is not None else _arrow_udf_of(score_batches, len(sent), fields)
@@ -232,7 +242,7 @@ def _metrics(column: Any, output_col: str) -> list:
 def _scored_columns(handle: ModelHandle, names: list[str],
                     batches: Iterator[Sequence[pa.Array]], *, batch_size: int,
                     on_invalid: str, reasons: bool, figures: bool,
-                    max_invalid: float | None = None, id_col: str | None = None,
+                    max_invalid: MaxInvalid = None, id_col: str | None = None,
                     version: bool = False, buckets: Buckets = None) -> Iterator[list[pa.Array]]:
     """Per batch of input columns (in ``names`` order, then ``id_col``'s values, which
     name the rows in errors and reasons): the prediction, the reasons
@@ -240,10 +250,10 @@ def _scored_columns(handle: ModelHandle, names: list[str],
     (``figures``: the builds this process made for this query that this stage has not
     reported, see :mod:`.figures`, and the batch's invalid rows by class of reason). The
     batches are one task's, scored by one version of the model: its invalid rows are held
-    against ``max_invalid``; ``buckets`` (checked) pads variable-length rows
-    (:mod:`spark_keras.inference.buckets`)."""
+    against ``max_invalid`` (:mod:`.job_budget`); ``buckets`` (checked) pads variable-length
+    rows (:mod:`spark_keras.inference.buckets`)."""
     handle = handle.for_task()
-    budget = InvalidBudget(max_invalid)
+    budget = job_budget.budget_of(max_invalid)
     if figures:
         query, stage = build_figures.task_ids()
         seen = build_figures.builds_of(handle.key)
@@ -414,14 +424,20 @@ def _reasons(scored: Scored) -> pa.Array:
 
 def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
                  on_invalid: str = "error", max_invalid: float | None = None,
-                 id_col: str | None = None, buckets: Any = None) -> Iterator[Any]:
+                 id_col: str | None = None, buckets: Any = None,
+                 max_invalid_scope: str = "action") -> Iterator[Any]:
     """One prediction per row, in order (None for invalid rows under ``"null"``); the
-    rows are one task's, their invalid ones held against ``max_invalid``; with ``id_col``
-    each row's field of that name names it in errors and is not an input; ``buckets``
-    checked against this process's model (the task's: there is no driver here)."""
+    rows are one task's, their invalid ones held against ``max_invalid`` (with those of
+    the job's other tasks that score with this handle and limit, unless
+    ``max_invalid_scope="task"``); with ``id_col`` each row's field of that name names it
+    in errors and is not an input; ``buckets`` checked against this process's model (the
+    task's: there is no driver here)."""
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
-    budget = InvalidBudget(check_max_invalid(max_invalid, on_invalid))
+    limit = check_max_invalid(max_invalid, on_invalid)
+    shared = hashlib.sha256(f"{handle.key} {limit!r}".encode()).hexdigest()[:24]
+    budget = job_budget.budget_of(job_budget.limit_for(  # made in the task: a key all share
+        handle, limit, max_invalid_scope, key=f"partitions-{shared}"))
     handle = handle.for_task()  # one version for the whole partition
     buckets = bucketing.checked(handle, buckets)
     signature = handle.predictor.signature  # this process's model's (input names)

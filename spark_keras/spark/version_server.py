@@ -1,7 +1,7 @@
 """The driver's answers to workers about model versions, over its channel (:mod:`.versions`).
 
 One small HTTPS server per driver process (the Spark Connect client's process on
-Connect), started by the first BroadcastModel, answers two requests, each carrying the
+Connect), started by the first BroadcastModel, answers three requests, each carrying the
 server's secret token:
 
 * ``GET /resolve?name=<handle>&scope=<scope>``: the version that scope scores with,
@@ -12,7 +12,9 @@ server's secret token:
 * ``GET /payload?name=<handle>&index=<n>``: a version's payload bytes (the driver keeps
   a copy of each version it shipped itself or read from storage while that version is
   current or pinned by a scope, and until ``destroy`` or until the handle is
-  garbage-collected; 410 once that copy was deleted).
+  garbage-collected; 410 once that copy was deleted);
+* ``GET /invalid?name=<budget>&scope=<scope>&...``: a task's count of invalid rows against
+  a ``max_invalid`` counted over its action (:mod:`.budget_ledger`).
 
 The server lives while a handle does, or a Spark context of this process (its stop is
 hooked): once neither does, it closes (its threads end, its port and its folder go), and
@@ -65,6 +67,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from ..errors import ArgumentError, SparkKerasError
+from . import budget_ledger
 from .channel_client import TIMEOUT, Address, ask, download
 from .channel_server import Answer, Channel, Later, Refused
 from .versions import CHECK_WAIT, Check, Schedule, Version, active_context, in_context
@@ -96,11 +99,13 @@ def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer | Later
     name = query.get("name", "")
     if not name or len(name) > 256:
         raise Refused(400, "a request names a model (name=)")
+    scope = query.get("scope") or None
+    if scope is not None and not _SCOPE.fullmatch(scope):
+        raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
+                           f"sql:<execution id> or stage:<stage id>)")
+    if path == "/invalid":  # a task's invalid rows (name: the budget's key)
+        return Answer(json.dumps(budget_ledger.answer(query, scope)).encode())
     if path == "/resolve":
-        scope = query.get("scope") or None
-        if scope is not None and not _SCOPE.fullmatch(scope):
-            raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
-                               f"sql:<execution id> or stage:<stage id>)")
         checking = owner.checking(name, scope)  # a watched file's check, off the pool
         if checking is not None:
             return Later(checking, CHECK_WAIT, lambda: _resolved(owner, name, scope))
