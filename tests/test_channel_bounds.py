@@ -225,3 +225,56 @@ def test_updates_leave_the_driver_one_copy_when_no_scope_holds_the_old_ones(spar
         assert _copies(bm._server, bm._name) == [f"{bm._name}.6.skp"]
     finally:
         bm.destroy()
+
+
+# --- the second review of these bounds ----------------------------------------------------
+
+
+def test_a_micro_batch_run_again_below_its_querys_latest_keeps_one_version():
+    """A query restarted in this driver from an older checkpoint runs batch 7 after batch
+    10 asked: batch 7 is pinned like any scope (it was answered the current version and
+    never pinned: an update during it gave its tasks two versions); a scope spelled with
+    a leading zero is not a scope the workers send, and is refused."""
+    schedule = Schedule(Version(1, "1", "m.v1", 4))
+    schedule.pin("stream:q:10")
+    first = schedule.pin("stream:q:7").index
+    schedule.add(Version(2, "2", "m.v2", 4, {"x": 2}))
+    assert (first, schedule.pin("stream:q:7").index) == (1, 1)
+    assert schedule.pin("stream:q:11").index == 2  # the query going on supersedes batch 10
+    assert version_server._SCOPE.fullmatch("stream:q:7") and version_server._SCOPE.fullmatch("sql:0")
+    assert not version_server._SCOPE.fullmatch("stream:q:07")
+    assert not version_server._SCOPE.fullmatch("sql:007")
+
+
+def test_at_the_cap_a_new_scope_is_answered_without_waiting_for_a_slow_check(monkeypatch):
+    """Every place held by readers (a cap of 8) while the watched file's check takes 20 s:
+    a new scope's /resolve, an overflow connection (5 s in all), used to wait CHECK_WAIT
+    (5 s) for the check and be dropped unanswered; it is answered the current version at
+    once, and waiters of a check that hangs leave no callback on it behind."""
+    monkeypatch.setattr(channel_server, "MAX_CONNECTIONS", 8)
+    payload = os.urandom(16 << 20)
+    server = Server("127.0.0.1")
+    readers: list = []
+    release = threading.Event()
+    try:
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))),
+                        lambda: release.wait(20))
+        server.keep_payload("m", 1, payload)
+        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"  # waits 5 s
+        readers = _hold_the_cap(server)
+        started = time.monotonic()
+        assert ask(server.address, "m", "sql:2")["version"]["label"] == "1"
+        assert time.monotonic() - started < 4
+        for reader in readers:
+            reader.close()
+        readers = []
+        for i in range(3):  # below the cap: each waits CHECK_WAIT, the check still hung
+            ask(server.address, "m", f"sql:{10 + i}")
+        running = server._boundaries["m"]._running
+        assert running is not None and not running.done()
+        assert len(running._done_callbacks) <= 2, running._done_callbacks  # not one per request
+    finally:
+        release.set()
+        for reader in readers:
+            reader.close()
+        server.close()

@@ -198,6 +198,7 @@ class Channel:
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="spark_keras channel")
         self._loop = asyncio.SelectorEventLoop()  # add_reader/add_writer: not a proactor
         self._freed = asyncio.Event()
+        self._wrapped: dict[concurrent.futures.Future, asyncio.Future] = {}  # _awaitable
         self._main = self._loop.create_task(self._accept())
         self._closed = False
         self._close_lock = threading.Lock()
@@ -360,8 +361,11 @@ class Channel:
         refusal, answer 500 and are logged once (an OSError there is not the connection's)."""
         try:
             answer = await self._loop.run_in_executor(self._pool, self._answering, path, query)
-            if isinstance(answer, Later):  # asyncio.wait cancels nothing at its timeout
-                await asyncio.wait([asyncio.wrap_future(answer.until)], timeout=answer.within)
+            if isinstance(answer, Later):  # asyncio.wait cancels nothing at its timeout;
+                # an overflow connection (5 s in all) does not wait: the answer of now
+                within = 0.0 if connection.overflow else answer.within
+                if within > 0:
+                    await asyncio.wait([self._awaitable(answer.until)], timeout=within)
                 answer = await self._loop.run_in_executor(self._pool, answer.then)
             return answer
         except Refused:
@@ -370,6 +374,15 @@ class Channel:
             self._log_once(("defect", type(exc)), "the driver's channel failed to answer %s: %r",
                            connection.peer, exc, exc_info=True)
             raise Refused(500, "the driver failed to answer (its log says why)") from None
+
+    def _awaitable(self, until: concurrent.futures.Future) -> asyncio.Future:
+        """One asyncio future per ``until`` (a waiter's own wrapper would leave a callback
+        on ``until`` for as long as it runs: a hung check would gather one per request)."""
+        wrapped = self._wrapped.get(until)
+        if wrapped is None:
+            wrapped = self._wrapped[until] = asyncio.wrap_future(until)
+            wrapped.add_done_callback(lambda _: self._wrapped.pop(until, None))
+        return wrapped
 
     async def _read_head(self, sock: ssl.SSLSocket) -> bytes:
         head = bytearray()

@@ -83,8 +83,9 @@ BIND_ENV = "SPARK_KERAS_DRIVER_BIND_ADDRESS"
 UNREACHABLE_ENV = "SPARK_KERAS_UNREACHABLE_DRIVER"
 # the scopes versions.scope_of makes: stream:<query id>:<batch id>, sql:<execution id>,
 # stage:<stage id> or stage:<context>:<stage id>
-_SCOPE = re.compile(r"stream:[A-Za-z0-9._-]{1,128}:[0-9]{1,18}|sql:[0-9]{1,18}"
-                    r"|stage:(?:[A-Za-z0-9._-]{1,128}:)?[0-9]{1,18}")
+_NUMBER = r"(?:0|[1-9][0-9]{0,17})"  # as Spark writes ids: no leading zero (07 is not 7)
+_SCOPE = re.compile(rf"stream:[A-Za-z0-9._-]{{1,128}}:{_NUMBER}|sql:{_NUMBER}"
+                    rf"|stage:(?:[A-Za-z0-9._-]{{1,128}}:)?{_NUMBER}")
 _INDEX = re.compile(r"[0-9]{1,9}")
 # spark_keras_versions_<pid>_<mkdtemp's 8 characters> (older names had no pid: kept)
 _FOLDER_PREFIX = "spark_keras_versions_"

@@ -194,7 +194,8 @@ class Schedule:
     def pin(self, scope: str | None) -> Version:
         """The version ``scope`` scores with (the current one for a new scope, or none).
         A micro-batch's pin replaces its query's earlier one (done: they run one after
-        another); a micro-batch older than its query's latest is done, and not pinned."""
+        another); one older than its query's latest (the query restarted in this driver
+        from an older checkpoint) is pinned as any scope is, replacing none."""
         with self._lock:
             if scope is None:
                 return self.versions[self.current]
@@ -207,11 +208,10 @@ class Schedule:
             if stream is not None:
                 query, batch = stream
                 latest = self._latest_batch.get(query)
-                if latest is not None and batch < latest[0]:  # a straggler of a done one
-                    return self.versions[self.current]
-                if latest is not None and latest[1] in self._pins:
-                    unpinned.append(self._pins.pop(latest[1]))
-                self._latest_batch[query] = (batch, scope)
+                if latest is None or batch > latest[0]:
+                    if latest is not None and latest[1] in self._pins:
+                        unpinned.append(self._pins.pop(latest[1]))
+                    self._latest_batch[query] = (batch, scope)
             index = self._pins[scope] = self.current
             self._holders[index] += 1
             while len(self._pins) > MAX_PINS:
