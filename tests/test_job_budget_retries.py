@@ -96,7 +96,8 @@ def connect_server_apart(folder):
             server.communicate("", timeout=120)
 
 
-@pytest.mark.slow  # a classic session and a Connect server of their own: ~2.5 min here
+@pytest.mark.slow  # a classic session and a Connect server of their own: ~2.5-4 min here
+@pytest.mark.heavy  # minutes under CI's load: make test-heavy
 def test_retries_count_once_and_the_budget_on_connect(build_log, tmp_path):
     from pyspark import SparkContext
 
