@@ -1,7 +1,7 @@
 """`python -m bench [--quick] [--only SECTION,...] [--write]`.
 
 Sections: payload, scoring, memory, dask, coldstart, frontends, inputs, threads,
-operations, isolation, keyed, large.
+operations, isolation, keyed, large, commits.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -128,9 +128,17 @@ def _large(args: argparse.Namespace) -> Shown:
             targets.large_targets(rows))
 
 
+def _commits(args: argparse.Namespace) -> Shown:
+    from . import commits_bench
+
+    rows = commits_bench.run(quick=args.quick)
+    return ({"commits": rows}, TITLES["commits"], [table(rows, floatfmt="{:,.3f}")],
+            targets.commits_targets(rows))
+
+
 RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
            "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-           "isolation": _isolation, "keyed": _keyed, "large": _large}
+           "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits}
 SECTIONS = tuple(RUNNERS)
 
 

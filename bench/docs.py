@@ -9,6 +9,7 @@ import os
 from .report import plot, table
 from .targets import (
     coldstart_targets,
+    commits_targets,
     inputs_targets,
     isolation_targets,
     keyed_targets,
@@ -31,6 +32,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "isolation": "## Rows that make the model raise: transform with row isolation vs without",
     "keyed": "## Many models in one job: KeyedModels vs one BroadcastModel per key",
     "large": "## A model larger than the JVM heaps, on local-cluster[2,1,1024]",
+    "commits": "## The score job's commits (--resume) and progress (--progress) vs the plain job",
 }
 RUN_PREFIX = "_Measured by "
 
@@ -321,9 +323,30 @@ def _large(results: dict) -> list[str]:
         *large_targets(results["large"]), ""]
 
 
+def _commits(results: dict) -> list[str]:
+    from .commits_bench import FEATURES, FILES, FILES_PER_COMMIT, PROGRESS_SECONDS, ROWS_PER_FILE
+
+    return [
+        f"The score job's Python entry point (`spark_keras.jobs.score_run.score`, what "
+        f"`spark-keras score` runs) in one local[2] session, on a parquet input of {FILES} "
+        f"files x {ROWS_PER_FILE:,} rows of {FEATURES} float32 features (an array column), "
+        f"a small MLP ({FEATURES}-64-64-4): the plain job (no `--resume`, `--no-progress`: one "
+        f"write, one rename) against `--resume` (commits of {FILES_PER_COMMIT} files each, "
+        f"`--commit-bytes`; the default 1 GiB would make one commit) and `--resume --progress` "
+        f"(`--progress-seconds {PROGRESS_SECONDS:g}`, so the short runs log their periodic "
+        f"lines too; the lines formatted and written to a buffer). Wall time of the call "
+        f"(reading the input's metadata, planning, shipping the model, scoring, writing, "
+        f"publishing), each run into a fresh output folder; a warm-up of each mode, then the "
+        f"modes alternated in rounds: median rows/s and the median over the rounds of each "
+        f"run against the same round's plain run. \"plain again\": the plain job twice per "
+        f"round, the spread of identical work. Every run's rows checked. Target: within 5%.", "",
+        table(results["commits"], floatfmt="{:,.3f}"), "",
+        *_targets(commits_targets(results["commits"])), ""]
+
+
 BODIES = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-          "isolation": _isolation, "keyed": _keyed, "large": _large}
+          "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits}
 
 
 def _sections(results: dict, docs: str) -> dict[str, list[str]]:

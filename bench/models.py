@@ -191,3 +191,14 @@ def asserting_mlp_model(features: int = 64, width: int = 256, limit: float = 10.
     x = layers.Dense(width, activation="relu")(layer_class("AssertBelow")(limit)(inp))
     x = layers.Dense(width, activation="relu")(x)
     return keras.Model(inp, layers.Dense(8)(x), name="asserting_mlp")
+
+
+def small_mlp_model(features: int = 16) -> Any:
+    """A small MLP (``features``-64-64-4): the commits section's, where a job's fixed costs
+    (commits, progress) weigh most against its scoring."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)],
+                            name=f"mlp_{features}_64_64_4")

@@ -208,3 +208,23 @@ def large_targets(rows: list[dict]) -> list[str]:
                            f"above steady state", build,
                            build is not None and build <= LARGE_WORKER_BUILD))
     return out
+
+
+COMMITS_RATIO = 0.95  # the score job with --resume (and --progress) against the plain job
+
+
+def commits_targets(rows: list[dict]) -> list[str]:
+    """The score job with ``--resume``, and with ``--resume --progress``, within 5% of the
+    plain job (medians of the per-round ratios); the plain job run twice for information."""
+    from .commits_bench import PLAIN_AGAIN, PROGRESS, RESUME
+
+    out = []
+    for r in rows:
+        ratio = r["x plain, median of rounds"]
+        if r["job"] in (RESUME, PROGRESS):
+            out.append(_target(f"score job {r['job']} ({r['commits']} commits) >= "
+                               f"{COMMITS_RATIO:g}x the plain job", ratio, ratio >= COMMITS_RATIO))
+        elif r["job"] == PLAIN_AGAIN:
+            out.append(f"[info] the plain job against itself (the spread of identical work), "
+                       f"not a target: {ratio:.2f}")
+    return out

@@ -162,6 +162,26 @@ def test_bench_keyed_quick_times_every_mode_and_counts_one_file_per_model():
     assert "KeyedModels on rows clustered by key >= 0.8x" in out  # the target
 
 
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
+def test_bench_commits_quick_times_the_job_plain_with_commits_and_with_progress():
+    """The four runs of the score job side by side; the bench checked each run's rows,
+    commits and progress lines (it would have failed), and prints both targets."""
+    from bench import commits_bench
+
+    out = _quick_bench("commits", timeout=600)
+    rows = {r["job"]: r for r in _printed_table(out, "x plain, median of rounds")}
+    assert list(rows) == list(commits_bench.MODES)
+    assert all(float(r["rows/s"].replace(",", "")) > 0 for r in rows.values()), rows
+    assert rows[commits_bench.PLAIN]["x plain, median of rounds"] == "1.000"
+    assert rows[commits_bench.RESUME]["commits"] == "2" and rows[commits_bench.PLAIN]["commits"] == "1"
+    assert rows[commits_bench.RESUME]["progress lines"] == "0"
+    assert float(rows[commits_bench.PROGRESS]["progress lines"]) > 0
+    targets = _target_lines(out)
+    for mode in (commits_bench.RESUME, commits_bench.PROGRESS):
+        value = targets[f"score job {mode} (2 commits) >= 0.95x the plain job"]
+        assert abs(value - float(rows[mode]["x plain, median of rounds"])) <= 0.006, (value, rows)
+
+
 def test_a_partial_write_keeps_the_other_sections(tmp_path):
     # a file from before sections recorded their runs: the header names the run
     (tmp_path / "benchmarks.md").write_text(
