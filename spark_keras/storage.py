@@ -120,7 +120,8 @@ def write_atomically(path: str, write: Callable[[BinaryIO], Any], mode: int = 0o
     ``mode`` (less the umask), from its first byte on."""
     tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
     # never another writer's file (nothing to remove if it fails)
-    f = os.fdopen(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode), "r+b")
+    # (opened by name: ``f.name`` is its path, which writers read back)
+    f = open(tmp, "x+b", opener=lambda name, flags: os.open(name, flags, mode))
     try:
         with f:
             write(f)

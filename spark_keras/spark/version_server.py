@@ -168,7 +168,8 @@ class Server:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
         if self._folder_lock is not None:
-            os.close(self._folder_lock)  # released once the folder is gone
+            with contextlib.suppress(OSError):  # (at exit: a test's fd juggling may have closed it)
+                os.close(self._folder_lock)  # released once the folder is gone
             self._folder_lock = None
 
     def register(self, name: str, schedule: Schedule,
