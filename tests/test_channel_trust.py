@@ -197,6 +197,7 @@ def test_safe_mode_and_custom_objects_are_never_taken_from_the_answer(spark, tmp
         bm.destroy()
 
 
+@pytest.mark.slow  # 20 s of make test's 15 min
 def test_new_custom_objects_of_an_update_travel_through_spark_and_are_checked(spark, tmp_path):
     """An update whose model needs a class the workers cannot import (defined here:
     cloudpickled by value) ships it as a digest-named file added to the application; the

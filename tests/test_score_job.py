@@ -230,6 +230,7 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     assert set(os.listdir(folder)) == before  # no partial output, no staging folder
 
 
+@pytest.mark.slow  # 45 s of make test's 15 min
 @pytest.mark.parametrize("case", ["bad master", "unreachable master", "bad conf",
                                   "missing model, unreadable input", "bad id col"])
 def test_a_bad_master_or_setting_is_one_line_naming_it(files, case, tmp_path):

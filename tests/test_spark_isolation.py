@@ -166,6 +166,7 @@ def test_on_invalid_error_names_the_row_column_and_message(spark, handles):
            "InvalidArgumentError: " in text, text[:3000]
 
 
+@pytest.mark.slow  # 16 s of make test's 15 min
 def test_max_invalid_both_ways(spark, handles):
     case = CASES[3]  # 2 of 1000 rows raise in preprocess
     bm = handles[case.name]

@@ -120,6 +120,7 @@ def test_dropped_broadcast_value_rebuilds_transparently(spark, build_log):
     assert rebuilt and set(rebuilt.values()) == {1} and len(rebuilt) <= SLOTS, rebuilt
 
 
+@pytest.mark.slow  # 20 s of make test's 15 min
 def test_unpersisted_model_is_rebuilt_once_per_worker(spark, build_log):
     """After unpersist(), 3 actions x 20 partitions rebuild the model exactly once per
     worker (not once per task), predict right, and the old model leaves the caches."""
