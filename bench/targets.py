@@ -214,14 +214,15 @@ COMMITS_RATIO = 0.95  # the score job with --resume (and --progress) against the
 
 
 def commits_targets(rows: list[dict]) -> list[str]:
-    """The score job with ``--resume``, and with ``--resume --progress``, within 5% of the
-    plain job (medians of the per-round ratios); the plain job run twice for information."""
-    from .commits_bench import PLAIN_AGAIN, PROGRESS, RESUME
+    """The score job with ``--resume`` (small commits, and the default's one), and with
+    ``--resume --progress``, within 5% of the plain job (medians of the per-round ratios);
+    the plain job run twice for information."""
+    from .commits_bench import DEFAULT, PLAIN_AGAIN, PROGRESS, RESUME
 
     out = []
     for r in rows:
         ratio = r["x plain, median of rounds"]
-        if r["job"] in (RESUME, PROGRESS):
+        if r["job"] in (RESUME, PROGRESS, DEFAULT):
             out.append(_target(f"score job {r['job']} ({r['commits']} commits) >= "
                                f"{COMMITS_RATIO:g}x the plain job", ratio, ratio >= COMMITS_RATIO))
         elif r["job"] == PLAIN_AGAIN:

@@ -164,7 +164,7 @@ def test_bench_keyed_quick_times_every_mode_and_counts_one_file_per_model():
 
 @pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
 def test_bench_commits_quick_times_the_job_plain_with_commits_and_with_progress():
-    """The four runs of the score job side by side; the bench checked each run's rows,
+    """The five runs of the score job side by side; the bench checked each run's rows,
     commits and progress lines (it would have failed), and prints both targets."""
     from bench import commits_bench
 
@@ -177,8 +177,9 @@ def test_bench_commits_quick_times_the_job_plain_with_commits_and_with_progress(
     assert rows[commits_bench.RESUME]["progress lines"] == "0"
     assert float(rows[commits_bench.PROGRESS]["progress lines"]) > 0
     targets = _target_lines(out)
-    for mode in (commits_bench.RESUME, commits_bench.PROGRESS):
-        value = targets[f"score job {mode} (2 commits) >= 0.95x the plain job"]
+    assert rows[commits_bench.DEFAULT]["commits"] == "1"
+    for mode in (commits_bench.RESUME, commits_bench.PROGRESS, commits_bench.DEFAULT):
+        value = targets[f"score job {mode} ({rows[mode]['commits']} commits) >= 0.95x the plain job"]
         assert abs(value - float(rows[mode]["x plain, median of rounds"])) <= 0.006, (value, rows)
 
 
