@@ -201,7 +201,8 @@ def _as_version(handle: Any, version: dict[str, Any]) -> Any:
     served = ServedTransport(handle._versions, name, index, digest)
     objects = handle._recipe.objects if source.get("objects") is None else \
         shipped_objects.fetch(source["objects"], name, index)
-    chosen = copy.copy(handle)
+    chosen = copy.copy(handle)  # through __getstate__: the plan's released keys are put back
+    chosen._stale = handle._stale  # (they are dropped before the chosen version builds)
     chosen._key, chosen._nbytes, chosen._version = version["key"], version["nbytes"], version["label"]
     chosen._index, chosen._versions = index, None
     chosen._recipe = dataclasses.replace(handle._recipe, objects=objects)
