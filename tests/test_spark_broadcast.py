@@ -215,7 +215,10 @@ def test_handle_inside_a_broadcast_structure_and_pickling(spark):
     model = constant_model(3.0)
     bm = sk.BroadcastModel(spark, model)
     data = pickle.dumps(bm)
-    assert b"keras.src" not in data and len(data) < 4096  # a reference, never the Keras object
+    # a reference, never the Keras object: small but for the keys the driver released
+    # before (up to 256 of them, however many handles this process destroyed)
+    released = len(pickle.dumps(bm.__getstate__()["_stale"]))
+    assert b"keras.src" not in data and len(data) - released < 4096, (len(data), released)
     holder = spark.sparkContext.broadcast({"model": bm, "note": "nested"})
 
     def use(rows):

@@ -65,24 +65,13 @@ from .test_spark_streaming import executor_state
 
 ROWS, PARTITIONS = 8, 2
 KINDS = ("broadcast", "driver", "watched")  # ship="auto" (a broadcast), ship="driver", a URI
-# Known defects the machine meets, each shown by a strict xfail test below: while one is
-# listed, the machine accepts what it does in the one situation where it arises, and
-# nothing else there. A fix makes its xfail test pass (strict: fails the suite): take the
-# defect off this list then.
-KNOWN_DEFECTS = {
-    # destroy() again on a broadcast handle: Spark's INTERNAL_ERROR_BROADCAST (Py4JJavaError)
-    "destroy_twice",
-    # unpersist() after destroy(): a broadcast handle raises FileNotFoundError on PySpark's
-    # temporary file, the others rename their keys as if usable; not "can no longer be used"
-    "unpersist_after_destroy",
-    # a worker that must build a version read from the watched file while that file is
-    # broken (truncated, damaged, deleted) fails, though the driver keeps a copy to serve
-    "broken_file_fails_rebuild",
-    # a broadcast handle after a new SparkContext: transform() and update() go on, the
-    # actions fail in the workers on PySpark's BROADCAST_VARIABLE_NOT_LOADED, unpersist()
-    # raises AttributeError; no clear error names the stopped context
-    "broadcast_of_a_stopped_context",
-}
+# Known defects the machine meets: while one is listed (with a strict xfail test of its
+# shrunk case), the machine accepts what it does in the one situation where it arises,
+# and nothing else there; a fix takes it off the list and the xfail marker off its test.
+KNOWN_DEFECTS: set[str] = set()  # none now: the four the machine found first are fixed
+# (destroy() twice on a broadcast handle, unpersist() after destroy(), a watched file
+# broken before the workers built its version, a broadcast handle after a new
+# SparkContext); their shrunk cases are the tests at the end of this module
 
 _COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -638,13 +627,12 @@ def test_a_task_on_an_updated_version_drops_what_the_driver_released(spark):
         bm.destroy()
 
 
-# --- the known defects (KNOWN_DEFECTS), as the machine shrank them ----------------------
+# --- the defects the machine found, as it shrank them (each fixed) ----------------------
 
-class KnownDefect(Exception):
-    """What a known defect does now (the tests below fail with it, and only with it)."""
+class KnownDefect(AssertionError):
+    """What a defect did before its fix (the tests below fail with it if it comes back)."""
 
 
-@pytest.mark.xfail(strict=True, raises=KnownDefect, reason="known defect destroy_twice")
 def test_destroy_again_does_nothing_more(spark):
     """Shrunk (shipped-models): ``ship(kind=0)``, ``destroy()``,
     ``use_destroyed(what='destroy')``: the second raises Spark's
@@ -662,7 +650,6 @@ def test_destroy_again_does_nothing_more(spark):
         raise
 
 
-@pytest.mark.xfail(strict=True, raises=KnownDefect, reason="known defect unpersist_after_destroy")
 @pytest.mark.parametrize("ship", ["auto", "driver"])
 def test_unpersist_after_destroy_says_it_was_destroyed(spark, ship):
     """Shrunk (shipped-models): ``ship(kind=0)`` (or ``kind=1``), ``destroy()``,
@@ -681,19 +668,29 @@ def test_unpersist_after_destroy_says_it_was_destroyed(spark, ship):
     raise KnownDefect("unpersist() of a destroyed handle did not fail")
 
 
-@pytest.mark.xfail(strict=True, raises=KnownDefect, reason="known defect broken_file_fails_rebuild")
-def test_a_watched_file_broken_before_the_workers_built_its_version(spark, tmp_path):
-    """Shrunk (watched-file): ``ship(kind=0)``, ``break_file(how='truncated')``,
-    ``action()``: the workers build version 1 from the file in storage, which is broken
-    now, and the action fails with a PayloadError, though the driver keeps that
-    version's payload to serve (as it does for a file replaced: README, "Watching a
-    URI"). After ``unpersist()`` or on fresh executors, the same."""
+@pytest.mark.parametrize("how", ["truncated", "damaged", "deleted"])
+def test_a_watched_file_broken_before_the_workers_built_its_version(spark, tmp_path, how):
+    """Shrunk (watched-file): ``ship(kind=0)``, ``break_file(how=...)``, ``action()``:
+    the workers build version 1 from the file in storage, which is broken now; they
+    read the driver's copy of that version instead (as for a file replaced: README,
+    "Watching a URI"). The action failed with a PayloadError before, truncated or
+    deleted (the slow machine found the damaged one: a sound header, the body's
+    checksum failing as the executor's copy loaded, and the copy rewritten from the
+    same broken file)."""
     spark = _session(spark)
     path = tmp_path / "current.skp"
     path.write_bytes(file_bytes(1))
     bm = sk.BroadcastModel(spark, path.as_uri(), refresh=0)
     try:
-        path.write_bytes(file_bytes(1)[:1000])  # truncated in place: a copy that failed
+        data = bytearray(file_bytes(1))
+        if how == "deleted":
+            path.unlink()
+        else:  # in place: a copy that failed; a byte of the weights (its header is sound)
+            if how == "truncated":
+                data = data[:1000]
+            else:
+                data[-100] ^= 0xFF
+            path.write_bytes(bytes(data))
         try:
             rows = bm.transform(frame(spark), "features", version_col="v") \
                 .select("id", "prediction", "v").collect()
@@ -707,8 +704,6 @@ def test_a_watched_file_broken_before_the_workers_built_its_version(spark, tmp_p
 
 
 @pytest.mark.slow  # the next module's workers start again (~15 s)
-@pytest.mark.xfail(strict=True, raises=KnownDefect,
-                   reason="known defect broadcast_of_a_stopped_context")
 def test_a_broadcast_handle_of_a_stopped_context_says_so(spark, build_log):
     """Shrunk (slow): ``ship(kind=0)``, ``action()``, ``new_context()``, ``action()``:
     the plan is made, and its tasks fail in the workers on PySpark's

@@ -178,7 +178,9 @@ class BroadcastModel(ModelHandle):
     def check_usable(self) -> None:
         """Raise if destroyed; drop what the driver had released (:meth:`release_stale`)."""
         if self._released:
-            raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
+            raise SparkKerasError(f"BroadcastModel {self._key} was destroyed: it can no longer "
+                                  f"be used")
+        self._transport.check_alive(self._key)
         self.release_stale()
 
     def release_stale(self) -> list[str]:
@@ -514,6 +516,7 @@ class BroadcastModel(ModelHandle):
             blocking: wait until the broadcast blocks are removed.
         """
         with self._lock:
+            self.check_usable()
             self._release_key()
             self._transport.renew(blocking)
             self._epoch += 1
@@ -535,6 +538,8 @@ class BroadcastModel(ModelHandle):
             blocking: wait until the broadcast blocks are removed.
         """
         with self._lock:
+            if self._released:
+                return  # destroyed already: nothing more to release
             self._release_key()
             self._released = True
             self._model = None

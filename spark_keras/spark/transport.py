@@ -34,7 +34,7 @@ import time
 from typing import Any, BinaryIO, Callable, cast
 
 from .. import flavour
-from ..errors import ChannelError, PayloadChangedError, PayloadError, SparkKerasError
+from ..errors import ChannelError, LocalWriteError, PayloadError, SparkKerasError, StorageError
 from ..payload import host_file
 from ..payload.shipment import Shipment, _verifies
 from ..payload.stored import StoredModel
@@ -92,6 +92,9 @@ class Transport:
     def destroy(self, blocking: bool) -> None:
         """On the driver: release what was shipped."""
 
+    def check_alive(self, key: str) -> None:
+        """On the driver: raise if what was shipped can no longer reach a task."""
+
     @staticmethod
     def forget(keys: list[str]) -> None:
         """In a worker: remove the executor's files of released models."""
@@ -114,6 +117,13 @@ class BroadcastTransport(Transport):
             return dataclasses.replace(recipe, payload=self._broadcast.value).build()
         finally:
             _forget_loaded_value(self._broadcast)
+
+    def check_alive(self, key: str) -> None:
+        if self._sc is not None and self._sc._jsc is None:
+            raise SparkKerasError(
+                f"BroadcastModel {key} was broadcast by a SparkContext that has stopped: its "
+                f"tasks cannot load it in another; create the BroadcastModel again in the new "
+                f"session (a ship='driver' handle goes on in a new SparkContext)")
 
     def renew(self, blocking: bool) -> None:
         """Drop the executors' copies; broadcast the payload afresh for later use."""
@@ -285,14 +295,20 @@ class StorageTransport(Transport):
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
         objects = recipe.custom_objects()
 
+        written: list[str] = []
+
         def write(out: Any) -> None:
+            if written and self.served is not None:  # what storage gave failed as it loaded
+                _from_the_driver(f"the model read from {self.stored.uri!r} was damaged")
+                self.served.write(out)
+                return
+            written.append(out.name)
             try:
                 self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
-            except PayloadChangedError as exc:
-                if self.served is None:
+            except (PayloadError, StorageError) as exc:
+                if self.served is None or isinstance(exc, LocalWriteError):
                     raise
-                logger.info("%s; reading the version this job was planned with from the "
-                            "driver", exc)
+                _from_the_driver(exc)
                 out.seek(0)
                 out.truncate()
                 self.served.write(out)
@@ -300,9 +316,10 @@ class StorageTransport(Transport):
         def in_memory() -> bytes:  # if the executor's folder cannot be written
             try:
                 return self.stored.read_payload(custom_objects=objects, safe_mode=recipe.safe_mode)
-            except PayloadChangedError:
+            except (PayloadError, StorageError) as exc:
                 if self.served is None:
                     raise
+                _from_the_driver(exc)
                 return self.served.read()
 
         try:
@@ -326,6 +343,12 @@ class StorageTransport(Transport):
                 return  # damaged: its load fails, and it is written again
             raise _altered(path, f"the model read from {self.stored.uri!r}",
                            f"is not the payload the driver read ({exc})") from exc
+
+
+def _from_the_driver(exc: Exception | str) -> None:
+    """Log why a worker reads the version its job was planned with from the driver's copy:
+    the file in storage was replaced, broken (truncated, damaged) or deleted since."""
+    logger.info("%s; reading the version this job was planned with from the driver", exc)
 
 
 def _altered(path: str, what: str, why: str) -> PayloadError:
