@@ -444,7 +444,8 @@ class BroadcastModel(ModelHandle):
                 progress then reports ``observedMetrics[name]``) that, once an action has run,
                 holds ``rows``, ``invalid_rows``, ``model_builds`` (this model's builds in the
                 Python workers during the query's tasks: 0 where cached) and ``build_seconds``.
-            max_invalid, max_invalid_scope: as in :meth:`predict_udf`.
+            max_invalid: as in :meth:`predict_udf`.
+            max_invalid_scope: as in :meth:`predict_udf`.
             buckets: as in :meth:`predict_udf`.
             id_col: a column naming each row (a record id): errors and ``error_col``
                 reasons say ``row id=17`` instead of ``row 10 of this batch``.
@@ -479,8 +480,9 @@ class BroadcastModel(ModelHandle):
                 with one value per model input, or a dict keyed by input name.
             batch_size: rows per model call.
             on_invalid: as in :meth:`predict_udf` (the partition is the task).
-            max_invalid, max_invalid_scope: as in :meth:`predict_udf` (the action: every
-                task of the job's stage that scores with this handle and limit).
+            max_invalid: as in :meth:`predict_udf`.
+            max_invalid_scope: as in :meth:`predict_udf` (the action: every task of the
+                job's stage that scores with this handle and limit).
             buckets: as in :meth:`predict_udf` (checked in the task).
             id_col: a field of each row (a ``Row`` or a dict) naming it in errors (``row
                 id=17``); the row's other fields are the model's inputs.
