@@ -52,7 +52,7 @@ def model_inputs(columns: Columns, signature: Signature, on_invalid: str = "erro
     """
     inputs, invalid, _ = _model_inputs(columns, signature, on_invalid,
                                        RowNames.of(where, first_row), False, resize)
-    return inputs, invalid
+    return [np.asarray(x) for x in inputs], invalid  # (image rows are made when sliced)
 
 
 def check_inputs(columns: Columns, signature: Signature, resize: str | None = None) -> None:

@@ -17,6 +17,9 @@ an ``H x W x C`` array in RGB (RGBA) order, cast to the input's dtype: what
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -89,7 +92,9 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
     bad = missing | unsupported | damaged | misfit
     starts = offsets[:-1] - offsets[0]
     changed = ~bad & ((out_c != channels) | (out_h != height) | (out_w != width))
-    if not changed.any():  # the common case: the bytes in place, channels reordered
+    if not changed.any() and not spec.variable:  # the common case: every image as the input takes it
+        return _ImagesRead(name, spec, n, raw, starts, [p for p in problems if p.rows.any()])
+    if not changed.any():  # the bytes in place, channels reordered
         leaf = np.empty_like(raw)
         for r in np.flatnonzero(~bad):  # images are large: one slice each
             c = int(channels[r])
@@ -110,6 +115,79 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
             leaf[int(starts[r]):int(starts[r]) + pixels.size] = pixels.reshape(-1)
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()],
                       shapes=shapes if spec.variable else None)
+
+
+@dataclass
+class _ImagesRead(ColumnRead):
+    """The read of images that all have the input's height, width and channels: ``leaf``
+    holds their bytes as stored (BGR(A)), and :meth:`values` gives :class:`ImageRows`."""
+
+    def values(self, keep: np.ndarray | None = None) -> Any:  # an ImageRows, array-like
+        assert self.starts is not None
+        starts = self.starts if keep is None else self.starts[keep]
+        return ImageRows(self.leaf, starts, self.spec.known_shape, self.spec.dtype)
+
+
+class ImageRows:
+    """Images as the model input's ``(rows, H, W, C)`` array, made when sliced: each slice
+    (a model call's rows) converted then, from the Arrow buffer's BGR(A) bytes to RGB(A)
+    in the input's dtype, in one pass. A batch so never holds more converted rows than its
+    calls take (an Arrow batch of 64 MiB of pixels would be 256 MiB of float32), and a
+    call's rows can be made while the model computes the previous call's
+    (:mod:`.ahead`). ``numpy.asarray`` gives every row."""
+
+    rows_on_demand = True
+
+    def __init__(self, raw: np.ndarray, starts: np.ndarray, shape: tuple[int, ...],
+                 dtype: str) -> None:
+        self._raw, self._starts = raw, np.asarray(starts, dtype=np.int64)
+        self._shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self._starts), *self._shape)
+
+    @property
+    def ndim(self) -> int:
+        return 1 + len(self._shape)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, slice):
+            return self._made(self._starts[index])
+        picked = np.asarray(index)
+        if picked.ndim == 0 and np.issubdtype(picked.dtype, np.integer):  # one image
+            return self._made(self._starts[[int(picked)]])[0]
+        if picked.dtype == bool or np.issubdtype(picked.dtype, np.integer):
+            return self._made(self._starts[picked])
+        return np.asarray(self)[index]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self._made(self._starts)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def _made(self, starts: np.ndarray) -> np.ndarray:
+        """The images starting at ``starts``, converted: rows that follow each other in
+        the buffer copied as one run (as :func:`.column_read._rows_at` copies)."""
+        h, w, c = self._shape
+        size = h * w * c
+        out = np.empty((len(starts), h, w, c), dtype=self.dtype)
+        breaks = np.flatnonzero(np.diff(starts) != size) + 1
+        for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(starts)]))):
+            if a == b:
+                continue
+            first = int(starts[a])
+            stored = self._raw[first:first + (b - a) * size].reshape(b - a, h, w, c)
+            if c == 1:
+                out[a:b] = stored
+            else:  # BGR(A) -> RGB(A), cast as it is copied
+                out[a:b, ..., :3] = stored[..., 2::-1]
+                if c == 4:
+                    out[a:b, ..., 3] = stored[..., 3]
+        return out
 
 
 def convert_channels(pixels: np.ndarray, channels: int) -> np.ndarray:

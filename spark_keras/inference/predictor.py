@@ -17,6 +17,7 @@ import numpy as np
 from .. import flavour
 from ..errors import ModelError
 from ..flavour import CompiledCall
+from .ahead import Ahead, on_demand
 from .buckets import Group, Padding, exact_groups, padded_groups, trimmed
 from .call_sizes import CallSizes, ShapeKey, out_of_memory, shape_key
 from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
@@ -212,10 +213,17 @@ class Predictor:
         parts: list[tuple[int, int, Isolated[list[np.ndarray]] | list[np.ndarray]]] = []
         pending: list[tuple[int, int, BaseException]] = []  # ran out, at a size not known to fit
         tried: tuple[int, BaseException] | None = None  # the first call that ran out
+        # inputs made when sliced (image rows): the next call's made while this one computes
+        ahead = Ahead(arrays) if on_demand(arrays) else None
         i = 0
         while True:
             stop = min(i + size, n)
-            chunk = arrays if stop - i == n else [a[i:stop] for a in arrays]
+            chunk: Sequence[np.ndarray]
+            if ahead is not None:
+                chunk = ahead.take(i, stop)
+                ahead.prepare(stop, min(stop + size, n))
+            else:
+                chunk = arrays if stop - i == n else [a[i:stop] for a in arrays]
             try:
                 got: Isolated[list[np.ndarray]] | list[np.ndarray] = self._call(chunk)
             except Exception as exc:  # a row the model cannot take, perhaps: find it
