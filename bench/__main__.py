@@ -1,7 +1,7 @@
 """`python -m bench [--quick] [--only SECTION,...] [--write]`.
 
 Sections: payload, scoring, memory, dask, coldstart, frontends, inputs, threads,
-operations, isolation, keyed, large, commits.
+operations, isolation, keyed, large, commits, images.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -136,9 +136,18 @@ def _commits(args: argparse.Namespace) -> Shown:
             targets.commits_targets(rows))
 
 
+def _images(args: argparse.Namespace) -> Shown:
+    from . import images_bench
+
+    rows = images_bench.run(quick=args.quick)
+    return ({"images": rows}, TITLES["images"], [table(rows, floatfmt="{:,.3f}")],
+            targets.images_targets(rows))
+
+
 RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
            "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-           "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits}
+           "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits,
+           "images": _images}
 SECTIONS = tuple(RUNNERS)
 
 

@@ -10,6 +10,7 @@ from .report import plot, table
 from .targets import (
     coldstart_targets,
     commits_targets,
+    images_targets,
     inputs_targets,
     isolation_targets,
     keyed_targets,
@@ -33,6 +34,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "keyed": "## Many models in one job: KeyedModels vs one BroadcastModel per key",
     "large": "## A model larger than the JVM heaps, on local-cluster[2,1,1024]",
     "commits": "## The score job's commits (--resume) and progress (--progress) vs the plain job",
+    "images": "## A heavy CNN on images: MobileNetV2 on Spark image rows and PNG bytes vs the model alone",
 }
 RUN_PREFIX = "_Measured by "
 
@@ -345,9 +347,38 @@ def _commits(results: dict) -> list[str]:
         *_targets(commits_targets(results["commits"])), ""]
 
 
+def _images(results: dict) -> list[str]:
+    from .images_bench import BATCH_SIZE, DISTINCT, PARTITIONS
+
+    rows = results["images"][0]["rows"]
+    return [
+        f"MobileNetV2 (224 x 224 x 3, random weights, `preprocess_input`'s scaling in the model, "
+        f"1,000 logits) on local[2], {rows:,} rows ({DISTINCT} distinct photo-like PNGs of about "
+        f"95 kB, repeated) in {PARTITIONS} cached partitions, calls of {BATCH_SIZE} rows, noop "
+        f"sink. `model alone`: one process per core (2, spawned), each with one TensorFlow "
+        f"intra-op and one inter-op thread (what spark_keras gives each of local[2]'s Python "
+        f"workers: a task of one CPU), scoring its half of the rows as decoded float32 arrays "
+        f"already in memory (`model(x, training=False)` compiled, as spark_keras calls it); its "
+        f"rows/s is all the rows over the wall time until both are done. `transform, Spark image "
+        f"rows`: `BroadcastModel.transform` on a column of `spark.read.format(\"image\")` rows "
+        f"(decoded by the JVM when cached; the engine turns BGR bytes into RGB float32). "
+        f"`transform, PNG bytes`: the same model behind a PNG decoder in its graph "
+        f"(`tf.io.decode_png`, a registered layer) on a binary column of the files: its decoding "
+        f"is work the model alone does not do. Each transform's predictions on 5% of the rows "
+        f"checked against the model alone on the same images first. The modes alternate after a "
+        f"warm-up of each: median rows/s, the median over the rounds of each transform run "
+        f"against the same round's model-alone run, and the CPU the Python processes (the two "
+        f"spawned ones, or Spark's two workers) and the driver's JVM used per row (medians): "
+        f"on a machine others share, the CPU per row tells where the work went when the wall "
+        f"times cannot. Target: 0.9x the model alone.", "",
+        table(results["images"], floatfmt="{:,.3f}"), "",
+        *_targets(images_targets(results["images"])), ""]
+
+
 BODIES = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-          "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits}
+          "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits,
+          "images": _images}
 
 
 def _sections(results: dict, docs: str) -> dict[str, list[str]]:

@@ -202,3 +202,30 @@ def small_mlp_model(features: int = 16) -> Any:
     return keras.Sequential([keras.Input((features,)), keras.layers.Dense(64, activation="relu"),
                              keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)],
                             name=f"mlp_{features}_64_64_4")
+
+
+def mobilenet_model(size: int = 224) -> Any:
+    """MobileNetV2 (random weights, seeded: no download), its own preprocessing in front
+    (``Rescaling(1/127.5, offset=-1)``, ``preprocess_input``'s): ``(size, size, 3)``
+    floats in 0-255 (an image's RGB levels) in, 1,000 logits out (no softmax: random
+    weights give a flat one, and the predictions check needs them to differ)."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(5)
+    inp = keras.Input((size, size, 3), name="image")
+    core = keras.applications.MobileNetV2(weights=None, input_shape=(size, size, 3),
+                                          classifier_activation=None)
+    return keras.Model(inp, core(layers.Rescaling(1 / 127.5, offset=-1)(inp)), name="mobilenet_v2")
+
+
+def png_mobilenet_model(image_model: Any) -> Any:
+    """``image_model`` (:func:`mobilenet_model`, its weights) behind PNG bytes decoded in
+    the graph (``Input(())``, ``tf.string``; DecodePng gives levels / 255: scaled back)."""
+    import keras
+    from keras import layers
+
+    size = image_model.inputs[0].shape[1]
+    inp = keras.Input((), dtype="string", name="png")
+    levels = layers.Rescaling(255.0)(decode_png_class()(size)(inp))
+    return keras.Model(inp, image_model(levels), name="png_mobilenet_v2")

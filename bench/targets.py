@@ -229,3 +229,17 @@ def commits_targets(rows: list[dict]) -> list[str]:
             out.append(f"[info] the plain job against itself (the spread of identical work), "
                        f"not a target: {ratio:.2f}")
     return out
+
+
+IMAGES_RATIO = 0.9  # a heavy CNN's transform against the model alone, one process per core
+
+
+def images_targets(rows: list[dict]) -> list[str]:
+    """MobileNetV2's transform on Spark image rows and on PNG bytes (decoded in its graph)
+    at 0.9x the model alone on decoded arrays or better (medians of the per-round ratios)."""
+    from .images_bench import PNG, ROWS
+
+    return [_target(f"MobileNetV2 {r['mode']} >= {IMAGES_RATIO:g}x the model alone (2 processes, "
+                    f"decoded arrays)", r["x model alone, median of rounds"],
+                    r["x model alone, median of rounds"] >= IMAGES_RATIO)
+            for r in rows if r["mode"] in (ROWS, PNG)]

@@ -183,6 +183,24 @@ def test_bench_commits_quick_times_the_job_plain_with_commits_and_with_progress(
         assert abs(value - float(rows[mode]["x plain, median of rounds"])) <= 0.006, (value, rows)
 
 
+@pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
+def test_bench_images_quick_times_mobilenet_alone_and_on_image_rows_and_png_bytes():
+    """The three modes side by side (the bench checked both transforms' predictions
+    against the model alone, or it would have failed), with both targets printed."""
+    from bench import images_bench
+
+    out = _quick_bench("images", timeout=900)
+    rows = {r["mode"]: r for r in _printed_table(out, "x model alone, median of rounds")}
+    assert list(rows) == list(images_bench.MODES)
+    assert all(float(r["rows/s"].replace(",", "")) > 0 for r in rows.values()), rows
+    assert rows[images_bench.ALONE]["x model alone, median of rounds"] == "1.000"
+    assert all(float(r["CPU ms/row, Python"]) > 0 for r in rows.values()), rows
+    targets = _target_lines(out)
+    for mode in (images_bench.ROWS, images_bench.PNG):
+        value = targets[f"MobileNetV2 {mode} >= 0.9x the model alone (2 processes, decoded arrays)"]
+        assert abs(value - float(rows[mode]["x model alone, median of rounds"])) <= 0.006, (value, rows)
+
+
 def test_a_partial_write_keeps_the_other_sections(tmp_path):
     # a file from before sections recorded their runs: the header names the run
     (tmp_path / "benchmarks.md").write_text(
