@@ -155,7 +155,13 @@ def front_end(scored: Scored, frontend: str) -> tuple[list[dict[str, Any] | None
         rows = [None if c is None else (c if scored.signature.output_names else {names[0]: c})
                 for c in cells]
         return rows, [c is None for c in cells]
-    out = to_numpy(scored)
+    return numpy_rows(to_numpy(scored), names)
+
+
+def numpy_rows(out: Any, names: list[str]) -> tuple[list[dict[str, Any] | None], list[bool]]:
+    """A numpy front-end's outputs (one array, or a dict of them: ``to_numpy``, what
+    ``pool_predict`` returns) as each row's outputs (output name -> value, None for a null
+    row) and whether each row is null (every output None or all NaN)."""
     arrays = out if isinstance(out, dict) else {names[0]: out}
     n = len(next(iter(arrays.values())))
     nulls = [all(_null(arrays[k][i]) for k in names) for i in range(n)]
@@ -358,6 +364,37 @@ def _same(got: Any, want: Any, exact: bool) -> bool:
     if exact:
         return bool(np.array_equal(array.astype(want.dtype), want, equal_nan=True))
     return bool(np.allclose(array, want, atol=TOLERANCE, rtol=TOLERANCE, equal_nan=True))
+
+
+def compare(case: Case, got: dict[int, tuple[Any, str | None]], frontend: str,
+            engine: Any = None) -> list[str]:
+    """Every row's difference from the engine's answer on the case (``engine``: :func:`run`'s,
+    if already made), as another front-end gave it: ``got`` maps each row's number to its
+    outputs (output name -> value; None for a null row) and its reason where the front-end
+    gives one (an error column), else None. The same rows, each null exactly where the
+    engine's is, a reason of the engine's stage, every other row's outputs within
+    :data:`TOLERANCE` (the front-end's batches are not the engine's)."""
+    seen = engine or run(case)
+    assert seen.error is None and seen.invalid is not None, seen.error
+    problems = []
+    if sorted(got) != list(range(case.n)):
+        return [f"{frontend}: rows {sorted(got)} of {case.n}"]
+    for i in range(case.n):
+        outputs, error = got[i]
+        if bool(seen.invalid[i]) != (outputs is None):
+            problems.append(f"{frontend}: row {i} is {'null' if outputs is None else 'scored'}; "
+                            f"the engine's is {'null' if seen.invalid[i] else 'scored'} ({error})")
+            continue
+        if outputs is None:
+            want = str(seen.reasons[i]).split(":", 1)[0]
+            if error is not None and error.split(":", 1)[0] != want:
+                problems.append(f"{frontend}: row {i}'s reason {error!r}; the engine's stage {want!r}")
+            continue
+        for name, value in (seen.rows[i] or {}).items():
+            if not _same(outputs.get(name), value, False):
+                problems.append(f"{frontend}: row {i}'s {name!r} is {outputs.get(name)!r}, the "
+                                f"engine's {value!r}")
+    return problems
 
 
 def _budget(case: Case, seen: Observed, invalid: int) -> list[str]:

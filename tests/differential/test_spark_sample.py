@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from .cases import PREPROCESS, Case, Options
-from .harness import _same, run
+from .harness import compare, run
 from .profiles import profile
 from .recipes import Recipe, build
 from .strategies import cases
@@ -129,32 +129,6 @@ def scored(bm: Any, spark: Any, case: Case, frontend: str) -> dict[int, tuple[An
         return zip([r.id for r in rows], bm.predict_partition(rows, id_col="id", **kw))
     got = df.select("id", *cols).rdd.mapPartitions(part).collect()
     return {i: (_outputs(p, names), None) for i, p in got}
-
-
-def compare(case: Case, got: dict[int, tuple[Any, str | None]], frontend: str,
-            engine: Any = None) -> list[str]:
-    """Every row's difference from the engine's answer on the case."""
-    seen = engine or run(case)
-    assert seen.error is None and seen.invalid is not None, seen.error
-    problems = []
-    if sorted(got) != list(range(case.n)):
-        return [f"{frontend}: rows {sorted(got)} of {case.n}"]
-    for i in range(case.n):
-        outputs, error = got[i]
-        if bool(seen.invalid[i]) != (outputs is None):
-            problems.append(f"{frontend}: row {i} is {'null' if outputs is None else 'scored'}; "
-                            f"the engine's is {'null' if seen.invalid[i] else 'scored'} ({error})")
-            continue
-        if outputs is None:
-            want = str(seen.reasons[i]).split(":", 1)[0]
-            if error is not None and error.split(":", 1)[0] != want:
-                problems.append(f"{frontend}: row {i}'s reason {error!r}; the engine's stage {want!r}")
-            continue
-        for name, value in (seen.rows[i] or {}).items():
-            if not _same(outputs.get(name), value, False):
-                problems.append(f"{frontend}: row {i}'s {name!r} is {outputs.get(name)!r}, the "
-                                f"engine's {value!r}")
-    return problems
 
 
 @pytest.mark.slow
