@@ -91,9 +91,7 @@ def pandas_to_arrow(name: str, series: Any) -> pa.Array:
         arr = pa.array(series, from_pandas=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         arr = _missing_as_nulls(name, values, exc)
-    if pa.types.is_null(arr.type):  # every row missing: an array column lost its type
-        return pa.nulls(len(arr), pa.list_(pa.float64()))
-    return arr
+    return arr  # every row missing, or no row: Arrow's null type, read as null rows by any input
 
 
 def _missing_as_nulls(name: str, values: np.ndarray, exc: Exception) -> pa.Array:
@@ -166,9 +164,8 @@ def _cells_to_arrow(name: str, cells: list[Any], first_row: int = 0,
     """Per-row values (numbers, lists, arrays of any shape, None) as one Arrow column."""
     cells = [c.reshape(-1) if isinstance(c, np.ndarray) and c.ndim > 1 else c for c in cells]
     try:
-        arr = pa.array(cells)
-        # every row None: the type is lost, and any input accepts null rows
-        return pa.nulls(len(arr), pa.list_(pa.float64())) if pa.types.is_null(arr.type) else arr
+        # every row None (or no row): of Arrow's null type, which any input reads as null rows
+        return pa.array(cells)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
             ValueError):
         pass

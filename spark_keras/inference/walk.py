@@ -83,6 +83,7 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec,
                  resize: str | None = None) -> ColumnRead:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    arr = _typed(arr, spec)
     k = kind(arr.type)
     if k == "image":
         return read_images(name, arr, spec, resize)
@@ -127,6 +128,21 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec,
     leaf, first = _read_leaf(arr, lo, hi, problems)
     starts = None if contiguous else lo - first
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()])
+
+
+def _typed(arr: pa.Array, spec: TensorSpec) -> pa.Array:
+    """``arr``, or if its values are of Arrow's null type (none to tell a type by: a
+    pandas column of None, of empty arrays or of no row) as values of the input's kind
+    (text or numbers), nested as deep as the input or the column: rows of no value."""
+    depth, leaf = 0, arr.type
+    while kind(leaf) == "list":
+        leaf, depth = leaf.value_type, depth + 1
+    if not pa.types.is_null(leaf):
+        return arr
+    typed: pa.DataType = pa.string() if leaf_kind(spec) == "string" else pa.float32()
+    for _ in range(max(depth, len(spec.shape))):
+        typed = pa.list_(typed)
+    return arr.cast(typed)
 
 
 def _not_rectangular(level: int) -> Callable[[int, str], str]:
