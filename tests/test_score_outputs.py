@@ -97,7 +97,19 @@ def test_options_that_do_not_go_together_are_refused(spark, data, tmp_path):
         (["--invalid-output", str(tmp_path / "q")], "--invalid-output needs --on-invalid null"),
         (["--on-invalid", "null", "--drop-invalid"], "--drop-invalid needs --invalid-output"),
         (["--on-invalid", "null", "--invalid-output", str(tmp_path / "out")],
-         "is the output itself: give it a folder of its own"),
+         f"--invalid-output '{tmp_path / 'out'}' is --output '{tmp_path / 'out'}' itself: give "
+         f"it a folder of its own"),
+        # folders inside one another: a resumed run would never resume (the quarantine's
+        # files are files the output's commit log does not know; the output's are input
+        # files Spark reads), a fresh one would remove the input with its output
+        (["--on-invalid", "null", "--invalid-output", str(tmp_path / "out" / "invalid")],
+         f"--invalid-output '{tmp_path / 'out' / 'invalid'}' is inside --output "
+         f"'{tmp_path / 'out'}': give it a folder outside"),
+        (["--on-invalid", "null", "--invalid-output", str(tmp_path / "q"), "--output",
+          str(tmp_path / "q" / "scored")], "is inside --invalid-output"),
+        (["--output", str(data / "in" / "scored")], f"--output '{data / 'in' / 'scored'}' is "
+         f"inside --input '{data / 'in'}': give it a folder outside"),
+        (["--output", "file://" + str(data / "in" / "k=0" / "scored")], "is inside --input"),
         (["--partition-by", "day"], "--partition-by column 'day' is not a column of the input"),
         (["--on-invalid", "null", "--invalid-output", str(tmp_path / "q"), "--error-col", "k"],
          "the input has a column 'k', the quarantine's name for it: name it with --error-col"),

@@ -199,8 +199,9 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
                    help="with --invalid-output: leave the invalid rows out of the output "
                         "(default: kept there with a null prediction)")
     p.add_argument("--max-invalid", type=float, default=None, metavar="N|F",
-                   help="with --on-invalid null: the most invalid rows a task may give, a count "
-                        "(>= 1) or a fraction (< 1) of its rows; beyond it the job fails")
+                   help="with --on-invalid null: the most invalid rows the job may give, a "
+                        "count (>= 1) or a fraction (< 1) of its rows, over every task of each "
+                        "Spark job it runs; beyond it the job fails")
     p.add_argument("--resume", action="store_true",
                    help="write the output in commits (groups of input files) recorded in "
                         "OUTPUT/_spark_keras, and continue an output such a run left: score "

@@ -43,7 +43,8 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
   time, the commit bound and the groups. A rerun with any of them changed stops (exit 2)
   naming the first difference; ``--overwrite`` starts over.
 * The same groups, options and Spark settings make the same tasks and model batches: the
-  resumed output equals an uninterrupted run's, bit for bit. One job at a time per output.
+  resumed output holds the same values as an uninterrupted run's. One job at a time per
+  output: the run holds a lease on it (:mod:`.score_lease`); a second is refused.
 * Each group is a Spark job with as many tasks as its files split into (about one per
   128 MiB): on a large cluster give ``--commit-bytes`` at least twice the cores x 128 MiB.
 """
@@ -63,6 +64,7 @@ from typing import Any, Callable, Sequence
 
 from spark_keras import storage
 from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_lease import Lease
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, byte_size, count, eta
 from spark_keras.spark.figures import reasons_observed
 from spark_keras.spark.paths import Paths, join, listed_by_spark, write_whole
@@ -518,6 +520,18 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
         published: called once the files readers see have changed (after the recovery
             and each commit): a table's listing refreshed.
     """
+    assert plan.output is not None  # known once the run begins
+    with Lease(plan.paths, plan.output) as lease:
+        return _run_groups(plan, lease, read, score, write, qualify, on_commit, heartbeat,
+                           published)
+
+
+def _run_groups(plan: Plan, lease: Lease, read: Callable[[list[str]], Any],
+                score: Callable[[Any], tuple[Any, Any]],
+                write: Callable[[Any, str, str | None], None], qualify: Callable[[str], str],
+                on_commit: Callable[[dict], None], heartbeat: Heartbeat,
+                published: Callable[[], None]) -> dict:
+    """:func:`run_groups` while this job holds the output's ``lease``."""
     committed = _begin(plan)
     published()
     progress = Progress(plan, committed)
@@ -550,10 +564,12 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
                   "build_seconds": round(float(figures["build_seconds"]), 3),
                   "seconds": round(time.perf_counter() - started, 3),
                   "committed": _when(int(time.time() * 1000))}
+        lease.check()
         progress.add(index, _commit(plan, index, staging, record))
         published()
         logger.info(progress.line())
         on_commit(progress.summary())
+    lease.check()
     for _, root in plan.roots():
         if not plan.paths.exists(join(root, SUCCESS)):
             plan.paths.create(join(root, SUCCESS), b"")

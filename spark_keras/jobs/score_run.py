@@ -26,7 +26,7 @@ from spark_keras.jobs.score_outputs import Outputs
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.figures import reasons_observed
-from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
+from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, file_uri_path, glob_escaped, scheme
 
 __all__ = ["run", "score"]
 
@@ -76,10 +76,7 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.invalid_output is not None and args.on_invalid != "null":
         raise JobError("--invalid-output needs --on-invalid null (with --on-invalid error "
                        "an invalid row fails the job)")
-    if args.invalid_output is not None and args.output is not None and \
-            os.path.abspath(args.invalid_output) == os.path.abspath(args.output):
-        raise JobError(f"--invalid-output {args.invalid_output!r} is the output itself: give "
-                       f"it a folder of its own")
+    _check_apart(args)
     if args.drop_invalid and args.invalid_output is None:
         raise JobError("--drop-invalid needs --invalid-output (invalid rows are never "
                        "dropped without being kept elsewhere)")
@@ -88,6 +85,34 @@ def _check_options(args: argparse.Namespace) -> None:
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise JobError(f"--metrics-json {args.metrics_json!r}: folder {folder!r} does not "
                            f"exist or is not writable")
+
+
+def _where(path: str) -> str:
+    """``path`` as a place to compare: a plain or ``file:`` path absolute, a URI as given,
+    without a trailing slash."""
+    if scheme(path) in (None, "file"):
+        return file_uri_path(path) if scheme(path) else os.path.abspath(path)
+    return path.rstrip("/")
+
+
+def _check_apart(args: argparse.Namespace) -> None:
+    """Refuse an output, quarantine and input that hold one another: a fresh run removes
+    its outputs (the input with them), and a resumed one lists them (files of the other
+    would be files nobody committed, or input files Spark does not read)."""
+    given = [("--input", args.input), ("--output", args.output),
+             ("--invalid-output", args.invalid_output)]
+    places = [(flag, path, _where(path)) for flag, path in given if path is not None]
+    for i, (flag, path, where) in enumerate(places):
+        for other_flag, other, other_where in places[i + 1:]:
+            if where == other_where:
+                raise JobError(f"{other_flag} {other!r} is {flag} {path!r} itself: give it a "
+                               f"folder of its own")
+            for (inner_flag, inner, inner_where), (outer_flag, outer, outer_where) in (
+                    (places[i], (other_flag, other, other_where)),
+                    ((other_flag, other, other_where), places[i])):
+                if inner_where.startswith(outer_where.rstrip("/") + "/"):
+                    raise JobError(f"{inner_flag} {inner!r} is inside {outer_flag} {outer!r}: "
+                                   f"give it a folder outside")
 
 
 def _write_metrics(path: str, summary: dict) -> None:

@@ -1,0 +1,192 @@
+"""One job at a time per output: the lease a resumable run (``--resume``) holds on its
+output while it runs.
+
+The lease is a hidden folder beside the output (``.<name>.spark-keras-lease``: names
+starting with ``.`` are invisible to Spark's and pyarrow's readers, and it survives the
+output's removal by a fresh run). It holds one ``holder-<token>.json`` per job that
+claims the output (host, pid, when) and the holder's ``beat-<token>-<n>`` files, a new
+one every :data:`BEAT_SECONDS`. Only the path layer's create, list and delete are used,
+so it works wherever the job writes (local files, HDFS, object stores):
+
+* **Taking it.** A job that finds another holder refuses (exit 2) while that job is alive:
+  on this host while its process runs; on another, while its beats go on (watched for up
+  to :data:`STALE_SECONDS`). A holder found dead (a SIGKILLed driver, a preempted node)
+  is removed, so a rerun resumes without help. Then the job writes its holder file, waits
+  :data:`SETTLE_SECONDS` and lists again: of jobs that claimed the output at the same
+  moment, the one whose token sorts first keeps it, the others withdraw and refuse.
+* **Holding it.** Before it removes or publishes anything (the recovery, each commit, the
+  ``_SUCCESS`` file) the job checks that its holder file is still there: a job judged
+  dead by another (beats stalled past :data:`STALE_SECONDS`) stops instead of publishing
+  over the other's output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from spark_keras.jobs.score_errors import JobError
+from spark_keras.spark.paths import Paths, join
+
+__all__ = ["Lease", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
+
+logger = logging.getLogger("spark_keras.jobs.score")
+
+BEAT_SECONDS = 5.0  # a holder's new beat file, this often
+STALE_SECONDS = 30.0  # a holder on another host whose beats stalled this long is gone
+SETTLE_SECONDS = 1.0  # between writing a holder file and looking for rivals again
+_SUFFIX = ".spark-keras-lease"
+
+
+def lease_folder(output: str) -> str:
+    """The lease folder of ``output``: a hidden sibling of it."""
+    parent, _, name = output.rstrip("/").rpartition("/")
+    return join(parent, f".{name}{_SUFFIX}") if parent else f".{name}{_SUFFIX}"
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (Linux's ``/proc``: a pid reused by another
+    process has another); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _running(pid: int, start: str | None) -> bool:
+    """Whether process ``pid`` of this host runs (the same process, if ``start`` is known)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it runs
+        pass
+    return start is None or _process_start(pid) in (None, start)
+
+
+class Lease:
+    """This job's claim on ``output`` (see the module docstring): :meth:`take`,
+    :meth:`check` before each change readers may see, :meth:`release` at the end."""
+
+    def __init__(self, paths: Paths, output: str) -> None:
+        self._paths = paths
+        self._output = output
+        self.folder = lease_folder(output)
+        self._token = f"{time.time_ns():020d}{uuid.uuid4().hex[:8]}"
+        self._holder = join(self.folder, f"holder-{self._token}.json")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _holders(self) -> dict[str, str]:
+        """token -> holder file path, of every job that claims the output now."""
+        if not self._paths.exists(self.folder):
+            return {}
+        return {e.name[len("holder-"):-len(".json")]: join(self.folder, e.name)
+                for e in self._paths.children(self.folder)
+                if e.name.startswith("holder-") and e.name.endswith(".json")}
+
+    def _beats(self, token: str) -> list[str]:
+        prefix = f"beat-{token}-"
+        if not self._paths.exists(self.folder):
+            return []
+        return [e.name for e in self._paths.children(self.folder) if e.name.startswith(prefix)]
+
+    def _describe(self, info: dict) -> str:
+        return (f"pid {info.get('pid')} on host {info.get('host')!r}, started "
+                f"{info.get('started')}")
+
+    def _alive(self, token: str, path: str) -> tuple[bool, dict]:
+        """Whether the job of the holder file ``path`` runs, and what the file says."""
+        try:
+            info = json.loads(self._paths.read_bytes(path))
+        except Exception:  # written halfway by a job killed then, or removed since
+            info = {}
+        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return _running(info["pid"], info.get("pid_start")), info
+        seen = self._beats(token)  # another host's: alive while its beats change
+        deadline = time.monotonic() + STALE_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, BEAT_SECONDS / 2))
+            if not self._paths.exists(path):
+                return False, info  # it released the output meanwhile
+            if self._beats(token) != seen:
+                return True, info
+        return False, info
+
+    def _remove(self, token: str) -> None:
+        for name in [f"holder-{token}.json"] + self._beats(token):
+            self._paths.delete(join(self.folder, name))
+
+    def take(self) -> None:
+        """Claim the output, or raise :class:`JobError` naming the job that holds it."""
+        for token, path in sorted(self._holders().items()):
+            alive, info = self._alive(token, path)
+            if alive:
+                raise JobError(f"output {self._output!r} is being written by another score "
+                               f"job ({self._describe(info)}): one job at a time per output "
+                               f"(its lease: {self.folder!r})")
+            logger.info("output %s: the job that held it (%s) is gone; taking it over",
+                        self._output, self._describe(info))
+            self._remove(token)
+        info = {"host": socket.gethostname(), "pid": os.getpid(),
+                "pid_start": _process_start(os.getpid()),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        self._paths.create(self._holder, json.dumps(info).encode("utf-8"))
+        self._beat(0)
+        time.sleep(SETTLE_SECONDS)
+        rivals = self._holders()
+        first = min(rivals, default=self._token)
+        if first != self._token:  # claimed at the same moment: the first token keeps it
+            self._remove(self._token)
+            raise JobError(f"output {self._output!r} was claimed at the same moment by "
+                           f"another score job: one job at a time per output")
+        self._thread = threading.Thread(target=self._beating, name="spark-keras-lease",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self, n: int) -> None:
+        self._paths.create(join(self.folder, f"beat-{self._token}-{n:012d}"), b"")
+        if n:
+            self._paths.delete(join(self.folder, f"beat-{self._token}-{n - 1:012d}"))
+
+    def _beating(self) -> None:
+        n = 0
+        while not self._stop.wait(BEAT_SECONDS):
+            n += 1
+            try:
+                self._beat(n)
+            except Exception as exc:  # a beat missed: the next one may land
+                logger.debug("lease beat %d of %s not written: %s", n, self._output, exc)
+
+    def check(self) -> None:
+        """Raise :class:`JobError` unless this job still holds the output."""
+        if not self._paths.exists(self._holder):
+            raise JobError(f"output {self._output!r}: this job's lease was taken over by "
+                           f"another job (its beats stalled past {STALE_SECONDS:.0f} s); "
+                           f"it stops before publishing anything more")
+
+    def release(self) -> None:
+        """Give the output up (at the job's end, success or failure)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(BEAT_SECONDS + 5)
+        try:
+            self._remove(self._token)
+            if self._paths.exists(self.folder) and not self._paths.children(self.folder):
+                self._paths.delete(self.folder)
+        except Exception as exc:  # the next job finds it dead and removes it
+            logger.warning("cannot remove the lease of output %s: %s", self._output, exc)
+
+    def __enter__(self) -> "Lease":
+        self.take()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()

@@ -1,0 +1,189 @@
+"""One job at a time per output (issue 46's review): the lease a resumable score run holds
+on its output (:mod:`spark_keras.jobs.score_lease`), on local files through the path layer
+the job uses on Spark Connect (``ArrowPaths``), with real processes; and two real score
+jobs started together on one output (slow)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from spark_keras.jobs import score_lease
+from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_lease import Lease, lease_folder
+from spark_keras.spark.paths import ArrowPaths
+
+from .conftest import REPO_ROOT
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """Beats every 0.2 s, a foreign holder stale after 2 s (the module's settings)."""
+    monkeypatch.setattr(score_lease, "BEAT_SECONDS", 0.2)
+    monkeypatch.setattr(score_lease, "STALE_SECONDS", 2.0)
+
+
+def _holder(folder, token: str, **info) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"holder-{token}.json")
+    with open(path, "w") as f:
+        json.dump(info, f)
+    return path
+
+
+def test_a_second_job_is_refused_while_the_first_holds_the_output(tmp_path, quick):
+    out = str(tmp_path / "scored")
+    first = Lease(ArrowPaths(), out)
+    first.take()
+    assert lease_folder(out) == str(tmp_path / ".scored.spark-keras-lease")
+    with pytest.raises(JobError, match=rf"output '{out}' is being written by another score job "
+                                       rf"\(pid {os.getpid()} on host"):
+        Lease(ArrowPaths(), out).take()
+    first.check()
+    first.release()
+    assert not os.path.exists(lease_folder(out))  # nothing left beside the output
+    with Lease(ArrowPaths(), out) as again:  # free again
+        again.check()
+
+
+def test_the_lease_of_a_job_that_died_on_this_host_is_taken_over(tmp_path, quick):
+    """A SIGKILLed driver leaves its holder file: its process is gone, so a rerun takes
+    the output at once (and so after a pid reused by another process)."""
+    out = str(tmp_path / "scored")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    import socket
+
+    stale = _holder(lease_folder(out), "0" * 28, host=socket.gethostname(), pid=dead.pid,
+                    pid_start="1", started="earlier")
+    reused = _holder(lease_folder(out), "1" * 28, host=socket.gethostname(), pid=os.getpid(),
+                     pid_start="1", started="earlier")  # this pid, another start time
+    started = time.monotonic()
+    with Lease(ArrowPaths(), out):
+        assert not os.path.exists(stale) and not os.path.exists(reused)
+    assert time.monotonic() - started < 1.9  # no waiting for beats
+
+
+def test_a_holder_on_another_host_counts_while_its_beats_go_on(tmp_path, quick):
+    out = str(tmp_path / "scored")
+    folder = lease_folder(out)
+    token = "0" * 28
+    _holder(folder, token, host="another-host", pid=1, started="earlier")
+    stop = threading.Event()
+
+    def beats() -> None:  # what that host's job writes
+        n = 0
+        while not stop.wait(0.2):
+            open(os.path.join(folder, f"beat-{token}-{n:012d}"), "w").close()
+            if n:
+                os.remove(os.path.join(folder, f"beat-{token}-{n - 1:012d}"))
+            n += 1
+
+    beating = threading.Thread(target=beats)
+    beating.start()
+    try:
+        with pytest.raises(JobError, match="on host 'another-host'"):
+            Lease(ArrowPaths(), out).take()
+    finally:
+        stop.set()
+        beating.join()
+    started = time.monotonic()
+    with Lease(ArrowPaths(), out):  # its beats stalled: taken over after STALE_SECONDS
+        assert time.monotonic() - started >= 2.0
+        assert not os.path.exists(os.path.join(folder, f"holder-{token}.json"))
+
+
+def test_a_job_whose_lease_was_taken_over_stops_before_its_next_commit(tmp_path, quick):
+    out = str(tmp_path / "scored")
+    lease = Lease(ArrowPaths(), out)
+    lease.take()
+    try:
+        for name in os.listdir(lease.folder):  # what a job judging it dead removes
+            os.remove(os.path.join(lease.folder, name))
+        with pytest.raises(JobError, match="this job's lease was taken over by another job"):
+            lease.check()
+    finally:
+        lease.release()
+
+
+def _claim(out: str, start: float, results) -> None:
+    time.sleep(max(0.0, start - time.time()))
+    try:
+        with Lease(ArrowPaths(), out):
+            time.sleep(1.5)  # holds it while the others decide
+        results.put("took")
+    except JobError as exc:
+        results.put(str(exc))
+
+
+def test_of_jobs_claiming_an_output_at_once_one_takes_it(tmp_path):
+    out = str(tmp_path / "scored")
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    start = time.time() + 4  # spawned interpreters import first
+    claims = [ctx.Process(target=_claim, args=(out, start, results)) for _ in range(4)]
+    for p in claims:
+        p.start()
+    for p in claims:
+        p.join(60)
+    outcomes = sorted(results.get(timeout=5) for _ in claims)
+    assert outcomes.count("took") == 1, outcomes
+    assert all("one job at a time per output" in o for o in outcomes if o != "took"), outcomes
+    assert not os.path.exists(lease_folder(out))
+
+
+def _job(args: list[str], log) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    return subprocess.Popen([sys.executable, "-m", "spark_keras.jobs.score", *args],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+
+
+@pytest.mark.slow  # two score jobs, each with its own local Spark (~1-2 min)
+def test_two_resumable_jobs_on_one_output_one_runs_the_other_is_refused(tmp_path):
+    """The review's case: two ``--resume`` jobs started together on one output left a
+    group twice in it and one of them exited 0. Now one is refused (exit 2) before it
+    removes or writes anything; the other's output holds every row once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import spark_keras as sk
+
+    from . import models
+
+    data = tmp_path / "in"
+    data.mkdir()
+    for f in range(6):
+        ids = np.arange(f * 100, (f + 1) * 100)
+        x = np.random.default_rng(f).standard_normal((100, 4)).astype("float32")
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
+                                 "features": pa.array(list(x), pa.list_(pa.float32()))}),
+                       data / f"part-{f}.parquet")
+    sk.save(models.mlp(n_features=4, hidden=8), str(tmp_path / "model.skp"))
+    size = os.path.getsize(data / "part-0.parquet")
+    args = ["--model", str(tmp_path / "model.skp"), "--input", str(data), "--output",
+            str(tmp_path / "out"), "--features", "features", "--master", "local[1]",
+            "--resume", "--commit-bytes", str(size + 10)]
+    logs = [open(tmp_path / f"job{i}.log", "w+") for i in range(2)]
+    jobs = [_job(args, log) for log in logs]
+    codes = [job.wait(600) for job in jobs]
+    said = []
+    for log in logs:
+        log.seek(0)
+        said.append(log.read())
+        log.close()
+    assert sorted(codes) == [0, 2], (codes, [s[-2000:] for s in said])
+    refused = said[codes.index(2)]
+    assert "is being written by another score job" in refused \
+        or "was claimed at the same moment by another score job" in refused, refused[-2000:]
+    table = pq.read_table(tmp_path / "out", columns=["id"])
+    ids = table["id"].to_pylist()
+    assert sorted(ids) == list(range(600)), (len(ids), len(set(ids)))
+    assert not os.path.exists(lease_folder(str(tmp_path / "out")))
