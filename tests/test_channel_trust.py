@@ -238,6 +238,7 @@ def test_new_custom_objects_of_an_update_travel_through_spark_and_are_checked(sp
 
 # --- downloads the network cuts -------------------------------------------------------------
 
+@pytest.mark.slow  # 40-100 s under load (a reset download waits out its retry)
 def test_a_reset_download_is_tried_again_into_the_one_shared_file(spark, build_log):
     """The first download of a ``ship="driver"`` payload is reset part way: the worker
     downloads it again into the executor's shared file; no private copy, no

@@ -138,6 +138,7 @@ def test_only_a_preprocessor_the_model_does_not_call_is_run():
         signature_of(task)
 
 
+@pytest.mark.slow  # 30-50 s: daemons of their own that import keras-hub
 def test_workers_fork_from_a_daemon_that_preloaded_keras_hub(spark, build_log):
     reports = preloaded_daemons(spark, build_log)
     assert all("keras_hub" in r["preloaded"] for r in reports), reports
