@@ -7,7 +7,9 @@ What is checked: the row count; under ``on_invalid="null"`` exactly which rows a
 input checks, the row it names), every scored row against the model on that row alone
 within 1e-5 (exactly where each call held one row); under ``"error"`` the error's class,
 and the column and row it names; ``max_invalid``'s verdict; a refusal of ``buckets``
-only for a model whose padded steps could change a prediction; and the rows fed to the
+only for a model whose padded steps could change a prediction, and always for a masked
+model whose maximum over the steps drops the mask (the README says the driver refuses
+such a model: a check of its structure, whatever the rows); and the rows fed to the
 model: a batch the model does not raise on is called once, and the search for the rows
 it raises on feeds it at most :data:`WORK` times the rows it scores."""
 
@@ -221,6 +223,10 @@ def differences(case: Case, want: list[Outcome], seen: Observed) -> list[str]:
             return [f"refusal: buckets={opts.buckets!r} refused for a model whose every sequence input "
                     f"is masked up to every output: {seen.refused}"]
         return []
+    if opts.buckets is not None and recipe.drops_mask:
+        # whatever the rows: a padded step may move the maximum, by chance or not
+        return [f"refusal: buckets={opts.buckets!r} accepted for a model whose maximum over the "
+                f"steps (GlobalMaxPooling1D) drops the mask of its masked input"]
     if opts.on_invalid == "error":
         problems = _error_policy(case, want, seen)
     else:

@@ -82,6 +82,12 @@ class Recipe:
         return self.variable and self.masked and self.head != "max"
 
     @property
+    def drops_mask(self) -> bool:
+        """Whether a masked sequence input's mask is dropped on the way to an output (a
+        maximum over the steps, GlobalMaxPooling1D): ``buckets`` must then be refused."""
+        return self.variable and self.masked and self.head == "max" and self.family != "pair"
+
+    @property
     def probe_may_raise(self) -> bool:
         """Whether the model may raise on the engine's probe of ``buckets`` (random ids
         in ``[1, VOCABULARY)``, which the guards of token ids refuse from :data:`ID_LIMIT`
