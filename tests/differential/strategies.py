@@ -51,8 +51,10 @@ def recipes(draw: Any, families: tuple[str, ...] = ("dense", "seq", "tokens", "t
                       outputs=outputs, guard=draw(st.sampled_from(("none", "assert", "together"))),
                       seed=seed)
     if family == "text":
-        return Recipe("text", units=units, outputs=outputs,
-                      guard=draw(st.sampled_from(("none", "assert"))), seed=seed)
+        # mostly with the echoed text as an output and no guard of unknown words (which
+        # makes the model raise first): how a string output that is not UTF-8 is reached
+        return Recipe("text", units=units, outputs=draw(st.sampled_from((1, 2, 2))),
+                      guard=draw(st.sampled_from(("none", "none", "assert"))), seed=seed)
     masked = draw(st.sampled_from((True, False)))
     if family == "pair":
         return Recipe("pair", width=draw(st.sampled_from((3, 2))), units=units, body="gru",
