@@ -1,13 +1,19 @@
 """Stateful tests of BroadcastModel's versions (issue 44, item 4), on real local Spark.
 
 A Hypothesis rule-based state machine (:class:`Versions`) runs sequences of ``update``
-(with and without labels, several at once from threads, one during an action, and one
-that does not fit), ``unpersist``, ``destroy``, actions (``transform(...,
-version_col="v")`` then ``collect``, on a new plan or on one made earlier), a watched
-model file (``refresh=0``) replaced, rewritten unchanged, truncated, damaged or deleted,
-and, in the slow set, a new SparkContext, and checks each against a small model of the
-handle: the labels shipped, the current one, which weights each label carries, and
-what each action must give.
+(with and without labels, several at once from threads, one during an action, one
+that does not fit, and one labelled with the number a later default label would take),
+``unpersist``, ``destroy``, the handle dropped (garbage-collected), actions
+(``transform(..., version_col="v")`` then ``collect``, on a new plan or on one made
+earlier, and RDD jobs through ``predict_partition``), a watched model file
+(``refresh=0``) replaced, rewritten unchanged, truncated, damaged or deleted, and, in
+the slow set, a new SparkContext (an RDD job before it; after it, RDD jobs moved on to
+the stage ids pinned in the stopped context; with no handle left, the driver's version
+server closed with it), and checks each against a small model of the handle: the labels
+shipped, the current one, which weights each label carries, and what each action must
+give. Each sequence ends by checking, then removing, what its handles left on the driver
+and in the executor, so that sequences (and Hypothesis replaying one) do not depend on
+each other.
 
 Every version is a tiny Dense model whose weights say which it is: the row ``id``
 (features ``[id, 1]``) scores ``id + 100 k`` with weights number ``k``. So every row's
@@ -35,12 +41,17 @@ they become an ordinary regression test (below).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import re
+import socket
 import tempfile
 import threading
+import time
+import weakref
 from typing import Any, ClassVar
 
 import keras
@@ -76,6 +87,7 @@ KNOWN_DEFECTS: set[str] = set()  # none now: the four the machine found first ar
 _COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 FAST = settings(max_examples=6, stateful_step_count=6, **_COMMON)
+ALIGN = 400  # stage ids an RDD job after a new SparkContext may skip to meet an old pin
 SLOW = settings(max_examples=10, stateful_step_count=10, **_COMMON)
 
 
@@ -167,6 +179,9 @@ class Versions(RuleBasedStateMachine):
         self.bm: Any = None
         self.k = self.shipped = 0
         self.restarted = False  # by new_context
+        self.names: list[str] = []  # every handle's name (for the leftovers at the end)
+        self.old_stages: set[int] = set()  # RDD jobs' stages of this handle in stopped contexts
+        self.stages: set[int] = set()  # ... and in the running one
 
     # -- the handle --------------------------------------------------------------
 
@@ -204,15 +219,41 @@ class Versions(RuleBasedStateMachine):
         self.from_file = {self.first} if kind == "watched" else set()
         self.built: set[tuple[str, int]] = set()  # (label, epoch of its key) built for sure
         self.changed = True  # since the last action (a new plan tells nothing new before)
+        self.names.append(self.bm._name)
+        self.old_stages, self.stages = set(), set()
 
     def teardown(self) -> None:
-        """A last action checks the state the steps left, if they changed it."""
-        if self.bm is not None and not self.destroyed:
-            try:
-                if self.changed:
-                    self.action()
-            finally:
-                self.bm.destroy()
+        """A last action checks the state the steps left, if they changed it (and, after a
+        new SparkContext, an RDD job); then the handle is destroyed and what it left is
+        checked and removed, so that the next sequence (and Hypothesis replaying this
+        one) starts clean."""
+        try:
+            if self.bm is not None and not self.destroyed:
+                try:
+                    if self.changed:
+                        self.action()
+                    if self.restarted and self.usable() and self.kind != "broadcast":
+                        self.rdd_action()
+                finally:
+                    self.bm.destroy()
+        finally:
+            self._leftovers()
+
+    def _leftovers(self) -> None:
+        """The driver keeps no ``.part`` file and no file of this sequence's handles (all
+        destroyed or dropped): checked, then removed with the executor's files of them."""
+        server = version_server._server
+        folder = server._folder if server is not None else None
+        names = tuple(name + "." for name in self.names)
+        left = [os.path.join(folder, f) for f in os.listdir(folder)
+                if f.endswith(".part") or f.startswith(names)] \
+            if folder and os.path.isdir(folder) else []
+        for path in left:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if self.names and conftest._alive(self.spark):
+            _remove_in_the_executor(self.spark, self.names)
+        assert not left, f"the driver kept {left}"
 
     def alive(self) -> bool:
         return self.bm is not None and not self.destroyed
@@ -247,6 +288,22 @@ class Versions(RuleBasedStateMachine):
         assert not self.dead or "broadcast_of_a_stopped_context" in KNOWN_DEFECTS, \
             "update() of a handle whose broadcast went with its SparkContext"
         assert got == (label or default_label(self.labels)), (got, label, self.labels)
+        self._added(got, k)
+
+    @precondition(usable)
+    @rule()
+    def update_ahead_then_default(self) -> None:
+        """``update(version=<the number after the next default one>)``, then ``update()``:
+        the default label skips the number taken ahead (labels unique)."""
+        number = int(default_label(self.labels)) + 1
+        while str(number) in self.labels:
+            number += 1
+        ahead, k = str(number), self._fresh()
+        assert self.bm.update(weights(k), version=ahead) == ahead
+        self._added(ahead, k)
+        k = self._fresh()
+        got = self.bm.update(weights(k))
+        assert got == default_label(self.labels), (got, self.labels)
         self._added(got, k)
 
     def _refusal(self, label: str | None, misfit: bool) -> tuple[type, str] | None:
@@ -368,7 +425,30 @@ class Versions(RuleBasedStateMachine):
             if folder and os.path.isdir(folder) else []
         assert not left, f"the driver kept {left} of a destroyed handle"
 
-    @precondition(lambda self: self.destroyed)
+    @precondition(alive)
+    @rule()
+    def drop(self) -> None:
+        """The handle dropped (``del``, garbage-collected, its plans with it): the driver
+        keeps no copy of its payloads and no entry of it in the version server."""
+        bm, self.bm = self.bm, None
+        ref, name, server = weakref.ref(bm), bm._name, bm._server
+        self.plans.clear()
+        self.destroyed = True
+        del bm
+        gc.collect()
+        assert ref() is None, "the handle was not collected"
+        folder = server._folder
+        left: list[str] = []
+        for _ in range(100):  # released in a thread of its own
+            left = [f for f in os.listdir(folder) if f.startswith(name + ".")] \
+                if folder and os.path.isdir(folder) else []
+            if not left and name not in server._schedules:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"a dropped handle's copies stay on the driver: {left}, "
+                             f"registered: {name in server._schedules}")
+
+    @precondition(lambda self: self.destroyed and self.bm is not None)
     @rule(what=st.sampled_from(["action", "update", "transform", "unpersist", "destroy"]),
           pick=st.integers(0, 7))
     def use_destroyed(self, what: str, pick: int) -> None:
@@ -430,6 +510,39 @@ class Versions(RuleBasedStateMachine):
     def action_again(self, pick: int) -> None:
         """A plan made before (before updates, unpersist, file changes), collected again."""
         self._collect(self.plans[pick % len(self.plans)])
+
+    @precondition(lambda self: self.usable() and self.kind != "broadcast")
+    @rule()
+    def rdd_action(self) -> None:
+        """An RDD job (``rdd.mapPartitions(bm.predict_partition)``, pinned by its stage's
+        id): every row by the current version. After a new SparkContext, whose stages are
+        numbered from 0 again, the job is first moved on to the id of a stage this handle
+        pinned in the stopped context (if near): the new context's job must not get the
+        version pinned there."""
+        sc = self.spark.sparkContext
+        ahead = [s for s in self.old_stages if 0 <= s - _next_stage(sc) <= ALIGN]
+        if ahead:
+            _skip_stages(sc, min(ahead))
+        self._adopt_file()
+        bm = self.bm
+
+        def part(rows: Any) -> Any:
+            from pyspark import TaskContext
+
+            rows = list(rows)
+            stage = TaskContext.get().stageId()
+            return [(r.id, p, stage) for r, p in
+                    zip(rows, bm.predict_partition([r.features for r in rows]))]
+
+        got = frame(self.spark).rdd.mapPartitions(part).collect()
+        stages = {stage for _, _, stage in got}
+        self.stages |= stages
+        assert sorted(i for i, _, _ in got) == list(range(ROWS)), f"rows lost or doubled: {got}"
+        ks = {round((p - i) / 100.0) for i, p, _ in got}
+        assert ks == {self.weights[self.current]}, (
+            f"RDD job (stage {sorted(stages)}; stages pinned in a stopped context: "
+            f"{sorted(self.old_stages)}) scored by weights {ks}, current {self.current!r} "
+            f"({self.weights})")
 
     def _collect(self, plan: Plan) -> bool:
         """Every row of the action scored by the version current when it starts (a
@@ -521,15 +634,34 @@ class Versions(RuleBasedStateMachine):
 
     # -- Spark itself ------------------------------------------------------------
 
-    @precondition(lambda self: self.slow and self.alive() and not self.restarted)
+    @precondition(lambda self: self.slow and not self.restarted)
     @rule()
     def new_context(self) -> None:
         """Spark stopped and started again (once a sequence: its workers take ~15 s to
         start): the plans go with the old context, and a broadcast; the driver's copies
-        and the file stay."""
+        and the file stay. An RDD job first (its stage pinned in the old context); and
+        with no handle left (destroyed, dropped) the driver's version server closes with
+        the context: its thread ended, its port closed."""
         self.restarted = True
+        if self.usable() and self.kind != "broadcast":
+            self.rdd_action()
+        gc.collect()
+        server = version_server._server
+        idle = server is not None and server.idle()
         type(self).spark = new_shared_session(self.build_log)
+        self.old_stages |= self.stages
+        self.stages = set()
+        if idle:
+            assert server is not None
+            assert server.closed and version_server._server is not server, \
+                "no handle left, Spark stopped: the version server still serves"
+            thread = server._channel._thread
+            assert not thread.is_alive(), f"the version server's thread {thread.name} lives on"
+            with pytest.raises(OSError):
+                socket.create_connection((server.address.host, server.address.port), 2).close()
         self.plans.clear()
+        if self.bm is None or self.destroyed:
+            return
         self.built.clear()  # new executors: nothing built
         self.changed = True
         if self.kind == "broadcast":
@@ -549,6 +681,40 @@ class Versions(RuleBasedStateMachine):
         folder = server._folder if server is not None else None
         if folder and os.path.isdir(folder):
             assert not [f for f in os.listdir(folder) if f.endswith(".part")]
+
+
+def _next_stage(sc: Any) -> int:
+    """The id the next stage of ``sc`` gets (-1 if the scheduler does not say)."""
+    try:
+        return int(sc._jsc.sc().dagScheduler().nextStageId().get())
+    except Exception:  # noqa: BLE001 (another Spark: no alignment)
+        return -1
+
+
+def _skip_stages(sc: Any, to: int) -> None:
+    """Run empty JVM jobs (one stage each) until ``sc``'s next stage is ``to``."""
+    one = sc._jvm.java.util.Collections.singletonList(1)
+    while 0 <= _next_stage(sc) < to:
+        sc._jsc.parallelize(one, 1).count()
+
+
+def _remove_in_the_executor(spark: Any, names: list[str]) -> None:
+    """Remove the executor's payload files (and their lock and users files) of ``names``."""
+    prefixes = tuple(names)
+
+    def remove(batches: Any) -> Any:
+        from spark_keras.spark.transport import executor_folder
+
+        for _ in batches:
+            pass
+        folder = executor_folder()
+        for f in os.listdir(folder) if folder and os.path.isdir(folder) else []:
+            if f.startswith(prefixes):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(folder, f))
+        yield from ()
+
+    spark.range(1, numPartitions=1).mapInArrow(remove, "id long").collect()
 
 
 def new_shared_session(build_log: str) -> Any:
