@@ -47,7 +47,9 @@ def recipes(draw: Any, families: tuple[str, ...] = ("dense", "seq", "tokens", "t
     outputs = draw(st.sampled_from((1, 2)))
     if family == "dense":
         return Recipe("dense", width=draw(st.sampled_from((3, 2, 4))), units=units,
-                      depth=draw(st.sampled_from((1, 2))), extra=draw(st.booleans()),
+                      depth=draw(st.sampled_from((1, 2))),
+                      # (mostly one input: a preprocess function is drawn for those)
+                      extra=draw(st.sampled_from((False, False, True))),
                       outputs=outputs, guard=draw(st.sampled_from(("none", "assert", "together"))),
                       seed=seed)
     if family == "text":
@@ -232,7 +234,9 @@ def cases(draw: Any, max_rows: int = MAX_ROWS, families: tuple[str, ...] = ("den
     recipe = draw(recipes(families))
     preprocess = None
     if recipe.family == "dense" and not recipe.extra:
-        preprocess = draw(st.sampled_from((None, None) + FOR_VECTORS))
+        # (each function in about one dense case of six: an in-place edit and a refused
+        # row, issue 42's item 1, needs both)
+        preprocess = draw(st.sampled_from((None,) + FOR_VECTORS))
     elif recipe.family == "tokens" and not recipe.extra and recipe.pads_exactly \
             and recipe.head != "steps":
         preprocess = draw(st.sampled_from((None, None) + FOR_TOKENS))
