@@ -107,10 +107,89 @@ def test_a_job_whose_lease_was_taken_over_stops_before_its_next_commit(tmp_path,
     try:
         for name in os.listdir(lease.folder):  # what a job judging it dead removes
             os.remove(os.path.join(lease.folder, name))
-        with pytest.raises(JobError, match="this job's lease was taken over by another job"):
+        with pytest.raises(JobError, match="another score job holds it now"):
             lease.check()
     finally:
         lease.release()
+
+
+def test_one_output_one_lease_however_it_is_spelled(tmp_path, quick):
+    """``out``, ``out/``, ``out/.``, ``x/../out``, ``file://.../out`` and a symlink to its
+    folder are one place, so one lease; a filesystem's or bucket's root is refused."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path)
+    out = str(tmp_path / "out")
+    with Lease(ArrowPaths(), out) as held:
+        for spelling in (out + "/", out + "/.", str(tmp_path / "x" / ".." / "out"),
+                         "file://" + out, str(tmp_path / "link" / "out")):
+            assert lease_folder(ArrowPaths().place(spelling)) == held.folder, spelling
+            with pytest.raises(JobError, match="is being written by another score job"):
+                Lease(ArrowPaths(), spelling).take()
+    for root in ("/", "s3a://bucket", "s3a://bucket/"):
+        with pytest.raises(JobError, match="is the root of its filesystem or bucket"):
+            Lease(ArrowPaths(), root)
+
+
+def test_a_damaged_holder_file_is_taken_over_at_once(tmp_path, quick):
+    """Holder files are written whole: one that is not a holder's (empty, not JSON, a pid
+    that is not a number) is no job's."""
+    out = str(tmp_path / "scored")
+    folder = lease_folder(out)
+    os.makedirs(folder)
+    for token, text in (("0" * 28, ""), ("1" * 28, "{not json"),
+                        ("2" * 28, json.dumps({"host": "h", "pid": "999999"}))):
+        with open(os.path.join(folder, f"holder-{token}.json"), "w") as f:
+            f.write(text)
+    started = time.monotonic()
+    with Lease(ArrowPaths(), out):
+        assert time.monotonic() - started < 1.9
+        assert len([n for n in os.listdir(folder) if n.startswith("holder-")]) == 1
+
+
+_CLAIM_AND_HOLD = """
+import sys, time
+from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_lease import Lease
+from spark_keras.spark.paths import ArrowPaths
+lease = Lease(ArrowPaths(), sys.argv[1])
+try:
+    lease.take()
+except JobError as exc:
+    print('refused', exc, flush=True)
+    sys.exit(2)
+for _ in range(6):
+    time.sleep(1)
+    lease.check()
+lease.release()
+print('held', flush=True)
+"""
+
+
+@pytest.mark.slow  # ~15 s: the module's own 30 s / 5 s settings, in processes
+def test_a_claimant_that_stalled_comes_after_the_job_that_took_the_output(tmp_path):
+    """The review's race: a job watching a stalled holder of another host is stopped
+    (SIGSTOP: any stall), that holder goes, another job takes the output, the first
+    continues: it must not take the output too (its claim is ordered by when it is
+    written, not when the job began)."""
+    import signal
+
+    out = str(tmp_path / "scored")
+    folder = lease_folder(out)
+    _holder(folder, "0" * 28, host="another-host", pid=1, started="earlier")
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    run = [sys.executable, "-c", _CLAIM_AND_HOLD, out]
+    late = subprocess.Popen(run, stdout=subprocess.PIPE, text=True, env=env)
+    time.sleep(4)  # watching the foreign holder's beats
+    os.kill(late.pid, signal.SIGSTOP)
+    for name in os.listdir(folder):  # that job ends
+        os.remove(os.path.join(folder, name))
+    first = subprocess.Popen(run, stdout=subprocess.PIPE, text=True, env=env)
+    time.sleep(5)
+    os.kill(late.pid, signal.SIGCONT)
+    said = {"first": first.communicate(timeout=60)[0], "late": late.communicate(timeout=60)[0]}
+    assert (first.returncode, late.returncode) == (0, 2), said
+    assert "held" in said["first"] and "is being written by another score job" in said["late"], \
+        said
 
 
 def _claim(out: str, start: float, results) -> None:

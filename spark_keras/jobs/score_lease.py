@@ -11,13 +11,14 @@ so it works wherever the job writes (local files, HDFS, object stores):
 * **Taking it.** A job that finds another holder refuses (exit 2) while that job is alive:
   on this host while its process runs; on another, while its beats go on (watched for up
   to :data:`STALE_SECONDS`). A holder found dead (a SIGKILLed driver, a preempted node)
-  is removed, so a rerun resumes without help. Then the job writes its holder file, waits
+  is removed, so a rerun resumes without help (a holder file that is not a holder's at
+  once: each is written whole). Then the job writes its holder file, waits
   :data:`SETTLE_SECONDS` and lists again: of jobs that claimed the output at the same
   moment, the one whose token sorts first keeps it, the others withdraw and refuse.
-* **Holding it.** Before it removes or publishes anything (the recovery, each commit, the
-  ``_SUCCESS`` file) the job checks that its holder file is still there: a job judged
-  dead by another (beats stalled past :data:`STALE_SECONDS`) stops instead of publishing
-  over the other's output.
+* **Holding it.** Before each commit and the ``_SUCCESS`` file the job checks that its
+  holder file is still there and the first: a job judged dead by another (beats stalled
+  past :data:`STALE_SECONDS`), or one whose claim another's preceded, stops instead of
+  publishing over the other's output.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import uuid
 from typing import Any
 
 from spark_keras.jobs.score_errors import JobError
-from spark_keras.spark.paths import Paths, join
+from spark_keras.spark.paths import Paths, join, write_whole
 
 __all__ = ["Lease", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
 
@@ -44,10 +45,14 @@ SETTLE_SECONDS = 1.0  # between writing a holder file and looking for rivals aga
 _SUFFIX = ".spark-keras-lease"
 
 
-def lease_folder(output: str) -> str:
-    """The lease folder of ``output``: a hidden sibling of it."""
-    parent, _, name = output.rstrip("/").rpartition("/")
-    return join(parent, f".{name}{_SUFFIX}") if parent else f".{name}{_SUFFIX}"
+def lease_folder(place: str) -> str:
+    """The lease folder of the output at ``place`` (:meth:`Paths.place`: one spelling
+    per place, so every job on an output finds the same lease): a hidden sibling."""
+    parent, _, name = place.rpartition("/")
+    if not name or parent.endswith((":", ":/")):
+        raise JobError(f"output {place!r} is the root of its filesystem or bucket: give "
+                       f"a folder inside it")
+    return join(parent or "/", f".{name}{_SUFFIX}")
 
 
 def _process_start(pid: int) -> str | None:
@@ -78,9 +83,9 @@ class Lease:
     def __init__(self, paths: Paths, output: str) -> None:
         self._paths = paths
         self._output = output
-        self.folder = lease_folder(output)
-        self._token = f"{time.time_ns():020d}{uuid.uuid4().hex[:8]}"
-        self._holder = join(self.folder, f"holder-{self._token}.json")
+        self.folder = lease_folder(paths.place(output))
+        self._token = ""  # made as the holder file is written (take)
+        self._holder = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -106,9 +111,12 @@ class Lease:
         """Whether the job of the holder file ``path`` runs, and what the file says."""
         try:
             info = json.loads(self._paths.read_bytes(path))
-        except Exception:  # written halfway by a job killed then, or removed since
-            info = {}
-        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+        except Exception:  # removed since, or not a holder's (each is written whole)
+            info = None
+        if not isinstance(info, dict) or not isinstance(info.get("host"), str) \
+                or not isinstance(info.get("pid"), int):
+            return False, {"host": "?", "pid": "?", "started": f"a damaged {path!r}"}
+        if info["host"] == socket.gethostname():
             return _running(info["pid"], info.get("pid_start")), info
         seen = self._beats(token)  # another host's: alive while its beats change
         deadline = time.monotonic() + STALE_SECONDS
@@ -121,12 +129,15 @@ class Lease:
         return False, info
 
     def _remove(self, token: str) -> None:
+        if not token:
+            return
         for name in [f"holder-{token}.json"] + self._beats(token):
             self._paths.delete(join(self.folder, name))
 
     def take(self) -> None:
         """Claim the output, or raise :class:`JobError` naming the job that holds it."""
-        for token, path in sorted(self._holders().items()):
+        while others := self._holders():  # again after a wait: another may have come
+            token, path = min(others.items())
             alive, info = self._alive(token, path)
             if alive:
                 raise JobError(f"output {self._output!r} is being written by another score "
@@ -135,16 +146,21 @@ class Lease:
             logger.info("output %s: the job that held it (%s) is gone; taking it over",
                         self._output, self._describe(info))
             self._remove(token)
+            if token in self._holders():
+                raise JobError(f"cannot remove {path!r}, the lease of a score job that is "
+                               f"gone; remove it to go on")
         info = {"host": socket.gethostname(), "pid": os.getpid(),
                 "pid_start": _process_start(os.getpid()),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        self._paths.create(self._holder, json.dumps(info).encode("utf-8"))
+        # the token orders claims by when they were written: made now, not before the
+        # wait above, so a claimant that stalled comes after one that did not
+        self._token = f"{time.time_ns():020d}{uuid.uuid4().hex[:8]}"
+        self._holder = join(self.folder, f"holder-{self._token}.json")
+        write_whole(self._paths, self._holder, json.dumps(info))
         self._beat(0)
         time.sleep(SETTLE_SECONDS)
-        rivals = self._holders()
-        first = min(rivals, default=self._token)
-        if first != self._token:  # claimed at the same moment: the first token keeps it
-            self._remove(self._token)
+        if min(self._holders(), default=self._token) != self._token:
+            self._remove(self._token)  # claimed at the same moment: the first one keeps it
             raise JobError(f"output {self._output!r} was claimed at the same moment by "
                            f"another score job: one job at a time per output")
         self._thread = threading.Thread(target=self._beating, name="spark-keras-lease",
@@ -167,10 +183,11 @@ class Lease:
 
     def check(self) -> None:
         """Raise :class:`JobError` unless this job still holds the output."""
-        if not self._paths.exists(self._holder):
-            raise JobError(f"output {self._output!r}: this job's lease was taken over by "
-                           f"another job (its beats stalled past {STALE_SECONDS:.0f} s); "
-                           f"it stops before publishing anything more")
+        holders = self._holders()
+        if self._token not in holders or min(holders) != self._token:
+            raise JobError(f"output {self._output!r}: another score job holds it now (this "
+                           f"job's lease was taken over, or claimed after it); this job "
+                           f"stops before publishing anything more")
 
     def release(self) -> None:
         """Give the output up (at the job's end, success or failure)."""

@@ -26,7 +26,7 @@ from spark_keras.jobs.score_outputs import Outputs
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.figures import reasons_observed
-from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, file_uri_path, glob_escaped, scheme
+from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
 
 __all__ = ["run", "score"]
 
@@ -43,9 +43,10 @@ def _path_errors() -> Iterator[None]:
 
 
 def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
-    """Refuse an existing output or invalid rows' output (unless ``--overwrite``) and a
-    missing input."""
+    """Refuse an existing output or invalid rows' output (unless ``--overwrite``), a
+    missing input, and places that hold one another."""
     with _path_errors():
+        _check_apart(paths, args)
         if args.output is not None:
             paths.check_output(args.output)
         if args.output is not None and paths.exists(args.output) \
@@ -76,7 +77,6 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.invalid_output is not None and args.on_invalid != "null":
         raise JobError("--invalid-output needs --on-invalid null (with --on-invalid error "
                        "an invalid row fails the job)")
-    _check_apart(args)
     if args.drop_invalid and args.invalid_output is None:
         raise JobError("--drop-invalid needs --invalid-output (invalid rows are never "
                        "dropped without being kept elsewhere)")
@@ -87,21 +87,13 @@ def _check_options(args: argparse.Namespace) -> None:
                            f"exist or is not writable")
 
 
-def _where(path: str) -> str:
-    """``path`` as a place to compare: a plain or ``file:`` path absolute, a URI as given,
-    without a trailing slash."""
-    if scheme(path) in (None, "file"):
-        return file_uri_path(path) if scheme(path) else os.path.abspath(path)
-    return path.rstrip("/")
-
-
-def _check_apart(args: argparse.Namespace) -> None:
+def _check_apart(paths: Paths, args: argparse.Namespace) -> None:
     """Refuse an output, quarantine and input that hold one another: a fresh run removes
     its outputs (the input with them), and a resumed one lists them (files of the other
     would be files nobody committed, or input files Spark does not read)."""
     given = [("--input", args.input), ("--output", args.output),
              ("--invalid-output", args.invalid_output)]
-    places = [(flag, path, _where(path)) for flag, path in given if path is not None]
+    places = [(flag, path, paths.place(path)) for flag, path in given if path is not None]
     for i, (flag, path, where) in enumerate(places):
         for other_flag, other, other_where in places[i + 1:]:
             if where == other_where:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import posixpath
 import re
 import uuid
 from dataclasses import dataclass
@@ -173,6 +174,10 @@ class Paths(Protocol):
     def qualify(self, path: str) -> str:
         """``path`` as Spark must be given it."""
 
+    def place(self, path: str) -> str:
+        """Where ``path`` is, one spelling per place: a local path absolute, ``.`` and
+        ``..`` resolved, symlinks followed; anything else a full URI."""
+
     def check_output(self, path: str) -> None:
         """Raise unless ``path`` can be staged and renamed into place."""
 
@@ -214,6 +219,21 @@ def _failing(what: str, path: str) -> Iterator[None]:
         raise StorageError(f"cannot {what} {path!r}: {cause}") from exc
 
 
+def _local_place(path: str) -> str:
+    """:meth:`Paths.place` without Hadoop: a plain or ``file:`` path made absolute and
+    real, a URI's path normalised."""
+    if scheme(path) is None:
+        return os.path.realpath(path)
+    if scheme(path) == "file":
+        return os.path.realpath(file_uri_path(path))
+    head, sep, rest = path.partition("://")
+    if not sep:
+        return path.rstrip("/")
+    authority, _, key = rest.partition("/")
+    key = posixpath.normpath("/" + key) if key else ""
+    return f"{head}://{authority}{key}".rstrip("/")
+
+
 class HadoopPaths:
     """Classic Spark: Hadoop's FileSystem through the driver's JVM."""
 
@@ -222,6 +242,12 @@ class HadoopPaths:
 
     def qualify(self, path: str) -> str:
         return path
+
+    def place(self, path: str) -> str:
+        found = hadoop_qualified(self._spark, path)  # Hadoop's Path normalises . and ..
+        if found is None:
+            return _local_place(path)
+        return os.path.realpath(found) if scheme(found) is None else found.rstrip("/")
 
     def check_output(self, path: str) -> None:
         pass
@@ -301,6 +327,9 @@ class ArrowPaths:
 
     def qualify(self, path: str) -> str:
         return path if _is_url(path) else "file://" + os.path.abspath(path)
+
+    def place(self, path: str) -> str:
+        return _local_place(path)
 
     def check_output(self, path: str) -> None:
         fs, _ = self._fs(path)
