@@ -254,10 +254,12 @@ def cases(draw: Any, max_rows: int = MAX_ROWS, families: tuple[str, ...] = ("den
     share = draw(st.integers(6, 8) if crowd else st.integers(1, 8)) if focus is not None else 0
     fewest = 1 if preprocess is not None and OPEN_DEFECTS.get("empty batch, preprocess", False) else 0
     size = "full" if crowd else draw(st.sampled_from(("any", "few", "full")))  # full: calls of many rows
-    n = draw(st.integers(fewest, {"any": max_rows, "few": max(fewest, 4), "full": max_rows}[size])
-             if size != "full" else st.integers(max(fewest, max_rows * 3 // 4), max_rows))
+    # (a list of a range of sizes, not one of a size drawn first: it shrinks row by row)
+    fewest, most = (max(fewest, max_rows * 3 // 4), max_rows) if size == "full" else \
+        (fewest, {"any": max_rows, "few": max(fewest, 4)}[size])
     case.rows = draw(st.lists(row(columns, recipe.width, preprocess is not None,
                                   None if focus is None else (focus, share)),
-                              min_size=n, max_size=n))
+                              min_size=fewest, max_size=most))
+    n = case.n
     case.options = draw(options(recipe, n, crowd))
     return case

@@ -1,7 +1,12 @@
 """The engine against the differential oracle on generated cases (issue 44): ``make test``
 runs a fixed, derandomized set per model family, ``make test-slow`` a larger one, ``make
 fuzz-engine`` random seeds for ``FUZZ_SECONDS``. A failure prints the shrunk case
-(``Case(...)``, valid Python): it becomes a test in ``test_regressions.py``."""
+(``Case(...)``, valid Python): it becomes a test in ``test_regressions.py``.
+
+The fixed sets are derandomized: Hypothesis seeds them from the source of
+:func:`generated` (and they follow the strategies), so editing that function or the
+strategies draws other cases; after such an edit, check that ``make test-slow`` still
+reaches issue 42's defects with each fix reverted (issue 44's acceptance)."""
 
 from __future__ import annotations
 
