@@ -374,7 +374,26 @@ def _images(results: dict) -> list[str]:
         f"on a machine others share, the CPU per row tells where the work went when the wall "
         f"times cannot. Target: 0.9x the model alone.", "",
         table(results["images"], floatfmt="{:,.3f}"), "",
+        _IMAGES_READING, "",
         *_targets(images_targets(results["images"])), ""]
+
+
+_IMAGES_READING = (
+    'Reading the rows: on this shared 2-core machine (the load average is in the table) the w'
+    'all times move by tens of percent from one run to the next, so the ratios are medians of'
+    ' per-round ratios and the CPU per row is shown beside them. Before commit 06185af the en'
+    'gine converted a whole Arrow batch of image rows at once (up to 64 MiB of pixels: a uint'
+    '8 copy, a gather per image for BGR to RGB, a float32 array 4x the batch); py-spy on a Sp'
+    'ark worker then found 55-61% of its Python samples in that float32 conversion and 21-24%'
+    " in the per-image reordering, against 11-18% in the model call's Python side and 3-4% re"
+    "ading Arrow from the socket (the model's own compute runs with the GIL released), and th"
+    'is section measured image rows at 0.61x the model alone (PNG bytes 0.69x; load 6-8.5; th'
+    "at run's transforms did not yet warm up before each timed run). Now each call's rows are"
+    " converted in one pass when the call takes them, the next call's made in a background th"
+    "read while the model computes: the Spark workers' CPU per row is the model alone's, and "
+    "what is left is the JVM's (reading the cached rows, moving them to Python: about 1-2 ms "
+    "of CPU per row, 3-5% of the model's 38-40 ms).")
+
 
 
 BODIES = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
