@@ -224,7 +224,8 @@ def _job(args: list[str], log) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
 
 
-@pytest.mark.slow  # two score jobs, each with its own local Spark (~1-2 min)
+@pytest.mark.slow  # two score jobs, each with its own local Spark (~2 min)
+@pytest.mark.heavy  # make test-heavy: CI's time goes to the versions machine's new contexts
 def test_two_resumable_jobs_on_one_output_one_runs_the_other_is_refused(tmp_path):
     """The review's case: two ``--resume`` jobs started together on one output left a
     group twice in it and one of them exited 0. Now one is refused (exit 2) before it

@@ -228,6 +228,7 @@ def test_dask_agrees_with_the_engine(client, shipped, family):  # noqa: F811
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~3 min with the pool sample below: make test-heavy (CI's time)
 @pytest.mark.parametrize("family", DASK_FAMILIES)
 def test_more_cases_through_dask_agree_with_the_engine(client, shipped, family):  # noqa: F811
     _dask_sample(shipped, family, DASK_SLOW, slow=True)
@@ -286,6 +287,7 @@ def test_pool_predict_agrees_with_the_engine():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("family", FAMILIES)
 def test_more_cases_through_pool_predict_agree_with_the_engine(family):
     _pool_sample((family,), POOL_SLOW, (1, 2), slow=True)
