@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -158,13 +158,19 @@ def _rows_at(leaf: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     (rows that follow each other in ``leaf`` are one slice), so the peak is the result
     itself, not an index as large as it."""
     out = np.empty((len(starts), size), dtype=leaf.dtype)
-    if not len(starts):
-        return out
-    breaks = np.flatnonzero(np.diff(starts) != size) + 1
-    for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(starts)]))):
-        first = int(starts[a])
+    for a, b, first in runs(starts, size):
         out[a:b] = leaf[first:first + (b - a) * size].reshape((b - a, size))
     return out
+
+
+def runs(starts: np.ndarray, size: int) -> Iterator[tuple[int, int, int]]:
+    """``(a, b, first)`` per run of rows ``a:b`` of ``size`` values each that follow each
+    other in the buffer from ``first`` (rows given by their ``starts``): one slice each."""
+    if not len(starts):
+        return
+    breaks = np.flatnonzero(np.diff(starts) != size) + 1
+    for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(starts)]))):
+        yield int(a), int(b), int(starts[a])
 
 
 def _culprit_in(read: "ColumnRead", row: int) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ModelInputError
-from .column_read import IMAGE_DATA, IMAGE_MODE, IMAGE_SIZE, NULL, ColumnRead, Problem, nulls
+from .column_read import IMAGE_DATA, IMAGE_MODE, IMAGE_SIZE, NULL, ColumnRead, Problem, nulls, runs
 from .specs import TensorSpec
 
 # OpenCV types Spark's reader produces for 8-bit images: CV_8UC1, CV_8UC3, CV_8UC4
@@ -171,15 +171,11 @@ class ImageRows:
 
     def _made(self, starts: np.ndarray) -> np.ndarray:
         """The images starting at ``starts``, converted: rows that follow each other in
-        the buffer copied as one run (as :func:`.column_read._rows_at` copies)."""
+        the buffer copied as one run (:func:`.column_read.runs`)."""
         h, w, c = self._shape
         size = h * w * c
         out = np.empty((len(starts), h, w, c), dtype=self.dtype)
-        breaks = np.flatnonzero(np.diff(starts) != size) + 1
-        for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(starts)]))):
-            if a == b:
-                continue
-            first = int(starts[a])
+        for a, b, first in runs(starts, size):
             stored = self._raw[first:first + (b - a) * size].reshape(b - a, h, w, c)
             if c == 1:
                 out[a:b] = stored

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import time
@@ -94,17 +95,14 @@ def _check_apart(paths: Paths, args: argparse.Namespace) -> None:
     given = [("--input", args.input), ("--output", args.output),
              ("--invalid-output", args.invalid_output)]
     places = [(flag, path, paths.place(path)) for flag, path in given if path is not None]
-    for i, (flag, path, where) in enumerate(places):
-        for other_flag, other, other_where in places[i + 1:]:
-            if where == other_where:
-                raise JobError(f"{other_flag} {other!r} is {flag} {path!r} itself: give it a "
-                               f"folder of its own")
-            for (inner_flag, inner, inner_where), (outer_flag, outer, outer_where) in (
-                    (places[i], (other_flag, other, other_where)),
-                    ((other_flag, other, other_where), places[i])):
-                if inner_where.startswith(outer_where.rstrip("/") + "/"):
-                    raise JobError(f"{inner_flag} {inner!r} is inside {outer_flag} {outer!r}: "
-                                   f"give it a folder outside")
+    for (flag, path, where), (other_flag, other, other_where) in itertools.combinations(places, 2):
+        if where == other_where:
+            raise JobError(f"{other_flag} {other!r} is {flag} {path!r} itself: give it a "
+                           f"folder of its own")
+    for (flag, path, where), (outer_flag, outer, outer_where) in itertools.permutations(places, 2):
+        if where.startswith(outer_where.rstrip("/") + "/"):
+            raise JobError(f"{flag} {path!r} is inside {outer_flag} {outer!r}: give it a "
+                           f"folder outside")
 
 
 def _write_metrics(path: str, summary: dict) -> None:

@@ -118,8 +118,12 @@ class BroadcastTransport(Transport):
         finally:
             _forget_loaded_value(self._broadcast)
 
+    def _context_stopped(self) -> bool:
+        """On the driver: whether the SparkContext that made the broadcast stopped."""
+        return self._sc is not None and self._sc._jsc is None
+
     def check_alive(self, key: str) -> None:
-        if self._sc is not None and self._sc._jsc is None:
+        if self._context_stopped():
             raise SparkKerasError(
                 f"BroadcastModel {key} was broadcast by a SparkContext that has stopped: its "
                 f"tasks cannot load it in another; create the BroadcastModel again in the new "
@@ -132,8 +136,8 @@ class BroadcastTransport(Transport):
         self._broadcast = self._sc.broadcast(payload)
 
     def destroy(self, blocking: bool) -> None:
-        if self._sc is not None and self._sc._jsc is None:
-            return  # the SparkContext stopped: its broadcasts went with it
+        if self._context_stopped():
+            return  # its broadcasts went with it
         self._broadcast.destroy(blocking)
 
     def __reduce__(self) -> tuple:
@@ -295,14 +299,15 @@ class StorageTransport(Transport):
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
         objects = recipe.custom_objects()
 
-        written: list[str] = []
+        tries = 0  # of write: a second means what storage gave failed as it loaded
 
         def write(out: Any) -> None:
-            if written and self.served is not None:  # what storage gave failed as it loaded
+            nonlocal tries
+            tries += 1
+            if tries > 1 and self.served is not None:
                 _from_the_driver(f"the model read from {self.stored.uri!r} was damaged")
                 self.served.write(out)
                 return
-            written.append(out.name)
             try:
                 self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
             except (PayloadError, StorageError) as exc:
