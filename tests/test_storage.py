@@ -207,15 +207,17 @@ def test_s3_models_are_read_by_the_executor_once_and_match_bit_for_bit(spark, bu
 
 
 def test_a_model_changed_or_damaged_in_storage_is_refused(spark, s3):
+    """A model file replaced, damaged or deleted in storage since the driver read it is not
+    the job's model: the workers refuse it and read the version the job was planned with
+    from the driver's copy instead (tests/test_spark_versions.py); reading the file itself
+    names what is wrong with it."""
     df = spark.createDataFrame([(1, [1.0, 2.0, 3.0, 4.0])], "id long, f array<float>")
     original = sk.dumps(models.mlp(4, 8, 1))
+    want = predictor_for(sk.loads(original))([np.array([[1, 2, 3, 4]], "float32")], 1024)[0][0, 0]
 
-    # a file replaced since the driver read it is not the job's model: the workers read
-    # the one the job was planned with from the driver instead (tests/test_spark_versions.py)
     changed = sk.BroadcastModel(spark, s3.put("changed.skp", original))
     s3.put("changed.skp", sk.dumps(models.mlp(4, 8, 1)))
-    got = changed.transform(df, "f").collect()[0].prediction
-    assert got == predictor_for(sk.loads(original))([np.array([[1, 2, 3, 4]], "float32")], 1024)[0][0, 0]
+    assert changed.transform(df, "f").collect()[0].prediction == want
     with pytest.raises(sk.PayloadChangedError, match=r"model file 's3://models/changed.skp.*' changed"):
         changed._transport.stored.read_payload()  # which the workers found, and set aside
 
@@ -223,13 +225,15 @@ def test_a_model_changed_or_damaged_in_storage_is_refused(spark, s3):
     body = bytearray(original)
     body[-8] ^= 0xFF  # the header (and its digest) intact, a weight flipped
     s3.put("damaged.skp", bytes(body))
-    with pytest.raises(Exception, match="damaged.skp.*checksum"):
-        damaged.transform(df, "f").collect()
+    assert damaged.transform(df, "f").collect()[0].prediction == want
+    with pytest.raises(sk.PayloadError, match="checksum"):
+        sk.loads(damaged._transport.stored.read_payload())  # read whole: its checksum fails
 
     gone = sk.BroadcastModel(spark, s3.put("gone.skp", original))
     s3.fs.delete_file("models/gone.skp")
-    with pytest.raises(Exception, match=r"StorageError: model file 's3://models/gone.skp.*' does not exist"):
-        gone.transform(df, "f").collect()
+    assert gone.transform(df, "f").collect()[0].prediction == want
+    with pytest.raises(sk.StorageError, match=r"model file 's3://models/gone.skp.*' does not exist"):
+        gone._transport.stored.read_payload()
 
 
 def test_a_file_uri_model_after_unpersist_and_destroy(spark, build_log, tmp_path):
