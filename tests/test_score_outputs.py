@@ -219,6 +219,41 @@ def test_the_output_and_the_quarantine_are_scored_once(spark, data, tmp_path):
     assert len(read(spark, tmp_path / "out")) == FILES * ROWS
 
 
+def test_a_plain_run_refuses_an_output_another_job_holds(spark, data, tmp_path):
+    """A run without --resume holds the output's lease too (score_lease): beside a live
+    --resume job (here, its holder file: a running process of this host) an --overwrite
+    run stops before it scores or removes anything, exit 2, naming that job; once that
+    job is gone it takes the output over, and leaves no lease behind."""
+    import subprocess
+
+    from spark_keras.jobs import score_lease
+
+    out = tmp_path / "scored"
+    out.mkdir()
+    (out / "part-kept").write_text("the other job's commit")
+    folder = score_lease.lease_folder(str(out))
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        os.makedirs(folder)
+        with open(os.path.join(folder, "holder-00000000000000000001aaaaaaaa.json"), "w") as f:
+            json.dump({"host": __import__("socket").gethostname(), "pid": other.pid,
+                       "pid_start": score_lease._process_start(other.pid),
+                       "started": "earlier"}, f)
+        args = job_args(data, "--output", str(out), "--overwrite", "--on-invalid", "null")
+        line = refusal(spark, args)
+        assert line == (f"output '{out}' is being written by another score job (pid "
+                        f"{other.pid} on host '{__import__('socket').gethostname()}', started "
+                        f"earlier): one job at a time per output (its lease: '{folder}')"), line
+        assert sorted(p.name for p in out.iterdir()) == ["part-kept"]
+    finally:
+        other.kill()
+        other.wait()
+    summary = score(spark, HadoopPaths(spark), args)  # its holder is gone: taken over
+    assert summary["rows"] == FILES * ROWS
+    assert len(read(spark, out)) == FILES * ROWS
+    assert not os.path.exists(folder)
+
+
 def test_a_resumed_quarantine_equals_an_uninterrupted_one(spark, data, tmp_path):
     """Each commit publishes its group's invalid rows with its output files: a run killed
     while publishing a group (one quarantine file still in staging) and before another

@@ -1,5 +1,6 @@
-"""One job at a time per output: the lease a resumable run (``--resume``) holds on its
-output while it runs.
+"""One job at a time per output: the lease a score run holds on its output folder while
+it runs (a ``--resume`` run from its first look at the output; a plain one from its start
+until its output is renamed into place).
 
 The lease is a hidden folder beside the output (``.<name>.spark-keras-lease``: names
 starting with ``.`` are invisible to Spark's and pyarrow's readers, and it survives the

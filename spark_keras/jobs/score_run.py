@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from spark_keras import storage
 from spark_keras._deps import require
@@ -23,6 +23,7 @@ from spark_keras.inference.options import FLAGS, check_buckets, check_error_col,
 from spark_keras.jobs import score_commits as commits
 from spark_keras.jobs import score_outputs as outputs_
 from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_lease import Lease
 from spark_keras.jobs.score_outputs import Outputs
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
@@ -218,11 +219,12 @@ def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str |
                    + (" (or --resume to continue it)" if resumable else ""))
 
 
-def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool) -> None:
+def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
+             held: Callable[[], None]) -> None:
     """Write ``scored`` (:meth:`Outputs.write`) to staging folders beside the output and
-    the invalid rows' output, then rename them into place (replacing old ones); a table is
-    saved by Spark's writer between the two. Staging folders are removed if anything
-    fails."""
+    the invalid rows' output, then, if this job still ``held`` the output (it raises
+    otherwise), rename them into place (replacing old ones); a table is saved by Spark's
+    writer between the two. Staging folders are removed if anything fails."""
     staging = {target: f"{target.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
                for target in (outputs.path, outputs.invalid_path) if target is not None}
     with _path_errors():
@@ -230,6 +232,7 @@ def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool) -> No
             main, invalid = (None if t is None else paths.qualify(staging[t])
                              for t in (outputs.path, outputs.invalid_path))
             outputs.write(scored, main, invalid, overwrite=overwrite)
+            held()
             for target, folder in staging.items():
                 if paths.exists(target):
                     paths.delete(target)
@@ -342,7 +345,12 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
                                          heartbeat, published)
     else:
         logger.info("scoring %r into %r", args.input, args.output or args.output_table)
-        summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat)
+        # one job at a time per output folder, resumable or not: a run that replaced it
+        # would remove a --resume run's commits, or nest its folder in another's
+        lease = None if outputs.path is None else Lease(paths, outputs.path)
+        with lease or contextlib.nullcontext():
+            summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,
+                                     lease.check if lease else lambda: None)
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
                 "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
                 summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
@@ -367,8 +375,9 @@ def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: co
 
 
 def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, overwrite: bool,
-                   heartbeat: Heartbeat) -> dict:
-    """Write the scored input as one output (:func:`_publish`); the job's figures."""
+                   heartbeat: Heartbeat, held: Callable[[], None]) -> dict:
+    """Write the scored input as one output (:func:`_publish`, ``held`` checking this job
+    still holds it); the job's figures."""
     frame, observation = scored
     started = time.perf_counter()
 
@@ -381,7 +390,7 @@ def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, over
                 f"ETA {eta(elapsed, done, total)}")
 
     with heartbeat.beating(line):
-        _publish(frame, paths, outputs, overwrite)
+        _publish(frame, paths, outputs, overwrite, held)
     seconds = time.perf_counter() - started
     figures = observation.get
     rows = int(figures["rows"])
