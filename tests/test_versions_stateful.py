@@ -878,6 +878,39 @@ def test_a_watched_file_broken_before_the_workers_built_its_version(spark, tmp_p
         bm.destroy()
 
 
+def test_a_damaged_copy_another_worker_wrote_is_rewritten_from_the_driver(spark, tmp_path):
+    """The race behind a rare failure of the test above (damaged): one worker writes the
+    executor's file from the damaged file in storage; another finds it written (its
+    header, and digest, sound), fails to load it and rewrites it. That rewrite must come
+    from the driver's copy, as the first worker's does: it read storage again (a first
+    write of its own) and failed the action with 'payload corrupted'. Here the first
+    worker's file is placed by a task before the action."""
+    from spark_keras.payload import host_file
+    from spark_keras.spark.transport import executor_folder
+
+    spark = _session(spark)
+    path = tmp_path / "current.skp"
+    path.write_bytes(file_bytes(1))
+    bm = sk.BroadcastModel(spark, path.as_uri())
+    try:
+        damaged = bytearray(file_bytes(1))
+        damaged[-100] ^= 0xFF  # a byte of the weights: the header is sound
+        path.write_bytes(bytes(damaged))
+        key = bm.key
+
+        def place(_: Any) -> None:  # what the first worker wrote from storage
+            os.makedirs(executor_folder(), mode=0o700, exist_ok=True)
+            with open(host_file.path_for(executor_folder(), key), "wb") as f:
+                f.write(damaged)
+
+        spark.sparkContext.parallelize([0], 1).foreach(place)
+        rows = bm.transform(frame(spark), "features", version_col="v") \
+            .select("id", "prediction", "v").collect()
+        assert scored_by(rows) == ({"1"}, {1})
+    finally:
+        bm.destroy()
+
+
 @pytest.mark.slow  # the next module's workers start again (~15 s)
 def test_a_broadcast_handle_of_a_stopped_context_says_so(spark, build_log):
     """Shrunk (slow): ``ship(kind=0)``, ``action()``, ``new_context()``, ``action()``:

@@ -84,13 +84,16 @@ class Shipment:
                      write: Callable[[BinaryIO], Any] | None = None,
                      share_weights: bool = True,
                      fallback: Callable[[], Any] | None = None,
-                     verify: Callable[[str], Any] | None = None) -> tuple[Any, int, dict[str, Any]]:
+                     verify: Callable[[str], Any] | None = None,
+                     rewrite: Callable[[BinaryIO], Any] | None = None
+                     ) -> tuple[Any, int, dict[str, Any]]:
         """Like :meth:`build`, on weights shared by every process of this host: the
         payload lands once in ``folder`` (:mod:`.host_file`; from ``fetch()`` or
         ``write(file)``, by default this shipment's payload) and the model's variables
         are views of that file, mapped copy-on-write (copies if not ``share_weights``).
-        A damaged file is rewritten once; a file another process replaced while this
-        one loaded it is loaded again.
+        A damaged file is rewritten once (with ``rewrite(file)`` if given: another source
+        than the one that gave it, say); a file another process replaced while this one
+        loaded it is loaded again.
 
         If ``folder`` cannot be written (disk full, read-only, denied), the model is
         built from the payload in memory (``fetch()``, else ``fallback()``) on weights
@@ -101,7 +104,8 @@ class Shipment:
         if own:
             fetch = self._payload_to_write
         try:
-            return self._build_landed(folder, key, nbytes, fetch, write, share_weights, verify)
+            return self._build_landed(folder, key, nbytes, fetch, write, share_weights, verify,
+                                      rewrite)
         except host_file.LocalWriteError as exc:
             in_memory = fetch if fetch is not None else fallback
             if in_memory is None or (own and not self.payload):
@@ -110,7 +114,8 @@ class Shipment:
 
     def _build_landed(self, folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None,
                       write: Callable[[BinaryIO], Any] | None, share_weights: bool,
-                      verify: Callable[[str], Any] | None = None
+                      verify: Callable[[str], Any] | None = None,
+                      rewrite: Callable[[BinaryIO], Any] | None = None
                       ) -> tuple[Any, int, dict[str, Any]]:
         path = host_file.land(folder, key, nbytes, fetch, write=write, verify=verify)
         loaded = host_file.identity(path)  # before loading: another process may replace it
@@ -122,8 +127,8 @@ class Shipment:
                     raise  # the file is sound: the payload itself cannot be loaded here
                 logger.warning("payload file %s is damaged; rewriting it", path)
             # rewritten here, unless another process already replaced it: then that file
-            path = host_file.land(folder, key, nbytes, fetch, write=write, damaged=loaded,
-                                  verify=verify)
+            path = host_file.land(folder, key, nbytes, fetch, write=rewrite or write,
+                                  damaged=loaded, verify=verify)
             return self.build_from_file(path, share_weights=share_weights)
 
     def _build_private(self, key: str, payload: Callable[[], Any], reason: Exception

@@ -299,15 +299,7 @@ class StorageTransport(Transport):
     def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
         objects = recipe.custom_objects()
 
-        tries = 0  # of write: a second means what storage gave failed as it loaded
-
         def write(out: Any) -> None:
-            nonlocal tries
-            tries += 1
-            if tries > 1 and self.served is not None:
-                _from_the_driver(f"the model read from {self.stored.uri!r} was damaged")
-                self.served.write(out)
-                return
             try:
                 self.stored.write_payload(out, custom_objects=objects, safe_mode=recipe.safe_mode)
             except (PayloadError, StorageError) as exc:
@@ -317,6 +309,11 @@ class StorageTransport(Transport):
                 out.seek(0)
                 out.truncate()
                 self.served.write(out)
+
+        def rewrite(out: Any) -> None:  # what storage gave (a sound header) failed to load
+            assert self.served is not None
+            _from_the_driver(f"the model read from {self.stored.uri!r} was damaged")
+            self.served.write(out)
 
         def in_memory() -> bytes:  # if the executor's folder cannot be written
             try:
@@ -329,7 +326,8 @@ class StorageTransport(Transport):
 
         try:
             return _build_written(recipe, key, nbytes, share_weights, write, in_memory,
-                                  verify=self.check_file)
+                                  verify=self.check_file,
+                                  rewrite=None if self.served is None else rewrite)
         except PayloadError as exc:
             if self.stored.uri in str(exc):
                 raise
@@ -493,17 +491,19 @@ def file_digest(path: str) -> str:
 
 
 def _build_written(recipe: Shipment, key: str, nbytes: int, share_weights: bool,
-                   write: Any, in_memory: Any, verify: Any = None) -> tuple:
+                   write: Any, in_memory: Any, verify: Any = None, rewrite: Any = None
+                   ) -> tuple:
     """``(model, nbytes, memory)`` built on the executor's file of ``key``, which the
     first worker writes with ``write(file)`` (``in_memory()``: the payload, if the
     folder cannot be written); ``verify(path)`` refuses a file found written that is
-    not the expected payload (:func:`.host_file.land`)."""
+    not the expected payload (:func:`.host_file.land`); ``rewrite(file)`` rewrites one
+    found damaged (by default ``write``)."""
     share = share_weights and flavour.current().shares_weights
     folder = executor_folder()
     if folder is not None:
         _join_executor_file(folder, key)
         return recipe.build_shared(folder, key, nbytes, write=write, share_weights=share,
-                                   fallback=in_memory, verify=verify)
+                                   fallback=in_memory, verify=verify, rewrite=rewrite)
     with tempfile.TemporaryDirectory(prefix="spark_keras_") as tmp:  # not in an executor
         return recipe.build_shared(tmp, key, nbytes, write=write, share_weights=False,
-                                   fallback=in_memory, verify=verify)
+                                   fallback=in_memory, verify=verify, rewrite=rewrite)
