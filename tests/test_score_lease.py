@@ -17,7 +17,7 @@ import pytest
 
 from spark_keras.jobs import score_lease
 from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_lease import Lease, lease_folder
+from spark_keras.jobs.score_lease import Lease, Leases, lease_folder
 from spark_keras.spark.paths import ArrowPaths
 
 from .conftest import REPO_ROOT
@@ -51,6 +51,27 @@ def test_a_second_job_is_refused_while_the_first_holds_the_output(tmp_path, quic
     assert not os.path.exists(lease_folder(out))  # nothing left beside the output
     with Lease(ArrowPaths(), out) as again:  # free again
         again.check()
+
+
+def test_a_job_holds_every_folder_it_writes_or_none(tmp_path, quick):
+    """Leases (the output and the quarantine): one spelling of a place is one lease; when
+    another job holds one of the folders the job takes none (the one it took first is
+    given back), and check() fails when any one was taken over."""
+    out, q = str(tmp_path / "out"), str(tmp_path / "q")
+    assert len(Leases(ArrowPaths(), [out, None, out + "/.", q])._leases) == 2
+    other = Lease(ArrowPaths(), out)  # sorts after q's: taken second
+    other.take()
+    with pytest.raises(JobError, match=rf"output '{out}' is being written by another"):
+        Leases(ArrowPaths(), [out, q]).take()
+    assert not os.path.exists(lease_folder(q))  # q's, taken first, was given back
+    other.release()
+    with Leases(ArrowPaths(), [out, q]) as both:
+        both.check()
+        for token in os.listdir(lease_folder(q)):
+            os.remove(os.path.join(lease_folder(q), token))  # q's lease taken over
+        with pytest.raises(JobError, match=rf"output '{q}': another score job holds it now"):
+            both.check()
+    assert not os.path.exists(lease_folder(out))
 
 
 def test_the_lease_of_a_job_that_died_on_this_host_is_taken_over(tmp_path, quick):

@@ -219,39 +219,67 @@ def test_the_output_and_the_quarantine_are_scored_once(spark, data, tmp_path):
     assert len(read(spark, tmp_path / "out")) == FILES * ROWS
 
 
-def test_a_plain_run_refuses_an_output_another_job_holds(spark, data, tmp_path):
-    """A run without --resume holds the output's lease too (score_lease): beside a live
-    --resume job (here, its holder file: a running process of this host) an --overwrite
-    run stops before it scores or removes anything, exit 2, naming that job; once that
-    job is gone it takes the output over, and leaves no lease behind."""
+@pytest.mark.parametrize("as_", ["--output", "--invalid-output"])
+def test_a_plain_run_refuses_a_folder_another_job_holds(spark, data, tmp_path, as_):
+    """A run without --resume holds the leases of its output and quarantine too
+    (score_lease): beside a live job holding a folder (here, its holder file: a running
+    process of this host), an --overwrite run that would replace it, as its output or as
+    its quarantine, stops before it scores or removes anything, exit 2, naming that job;
+    once that job is gone it takes the folder over, and leaves no lease behind."""
+    import socket
     import subprocess
 
     from spark_keras.jobs import score_lease
 
-    out = tmp_path / "scored"
-    out.mkdir()
-    (out / "part-kept").write_text("the other job's commit")
-    folder = score_lease.lease_folder(str(out))
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "part-kept").write_text("the other job's commit")
+    folder = score_lease.lease_folder(str(held))
+    mine = {"--output": str(tmp_path / "mine"), "--invalid-output": str(tmp_path / "q"),
+            as_: str(held)}
+    args = job_args(data, "--overwrite", "--on-invalid", "null", "--output", mine["--output"],
+                    "--invalid-output", mine["--invalid-output"])
     other = subprocess.Popen(["sleep", "120"])
     try:
         os.makedirs(folder)
         with open(os.path.join(folder, "holder-00000000000000000001aaaaaaaa.json"), "w") as f:
-            json.dump({"host": __import__("socket").gethostname(), "pid": other.pid,
+            json.dump({"host": socket.gethostname(), "pid": other.pid,
                        "pid_start": score_lease._process_start(other.pid),
                        "started": "earlier"}, f)
-        args = job_args(data, "--output", str(out), "--overwrite", "--on-invalid", "null")
         line = refusal(spark, args)
-        assert line == (f"output '{out}' is being written by another score job (pid "
-                        f"{other.pid} on host '{__import__('socket').gethostname()}', started "
-                        f"earlier): one job at a time per output (its lease: '{folder}')"), line
-        assert sorted(p.name for p in out.iterdir()) == ["part-kept"]
+        assert line == (f"output '{held}' is being written by another score job (pid "
+                        f"{other.pid} on host '{socket.gethostname()}', started earlier): one "
+                        f"job at a time per output (its lease: '{folder}')"), line
+        assert sorted(p.name for p in held.iterdir()) == ["part-kept"]
+        assert not os.path.exists(tmp_path / "mine") and not os.path.exists(tmp_path / "q")
+        assert os.listdir(folder) == ["holder-00000000000000000001aaaaaaaa.json"]
     finally:
         other.kill()
         other.wait()
     summary = score(spark, HadoopPaths(spark), args)  # its holder is gone: taken over
     assert summary["rows"] == FILES * ROWS
-    assert len(read(spark, out)) == FILES * ROWS
-    assert not os.path.exists(folder)
+    assert len(read(spark, mine["--output"])) == FILES * ROWS
+    assert read(spark, mine["--invalid-output"])["id"].tolist() == BAD
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no lease left
+
+
+def test_a_plain_run_does_not_replace_an_output_published_while_it_scored(spark, data, tmp_path):
+    """Without --overwrite, an output that another job published after this one's check
+    (before its lease) is not replaced at the end: refused, the staging folder removed."""
+    from spark_keras.jobs.score_errors import JobError
+    from spark_keras.jobs.score_outputs import Outputs
+    from spark_keras.jobs.score_run import _publish
+
+    out = tmp_path / "out"
+    frame = spark.read.parquet(str(data / "scalar"))
+    outputs = Outputs("parquet", None, str(out), None, None, False, None, None, frame.columns)
+    out.mkdir()
+    (out / "part-theirs").write_text("published meanwhile")
+    with pytest.raises(JobError, match=rf"output path '{out}' was written by another job while "
+                                       rf"this one scored; pass --overwrite to replace it"):
+        _publish(frame, HadoopPaths(spark), outputs, False, lambda: None)
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert os.listdir(out) == ["part-theirs"]
 
 
 def test_a_resumed_quarantine_equals_an_uninterrupted_one(spark, data, tmp_path):

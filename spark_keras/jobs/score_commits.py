@@ -64,7 +64,7 @@ from typing import Any, Callable, Sequence
 
 from spark_keras import storage
 from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_lease import Lease
+from spark_keras.jobs.score_lease import Leases
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, byte_size, count, eta
 from spark_keras.spark.figures import reasons_observed
 from spark_keras.spark.paths import Paths, join, listed_by_spark, write_whole
@@ -521,17 +521,17 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
             and each commit): a table's listing refreshed.
     """
     assert plan.output is not None  # known once the run begins
-    with Lease(plan.paths, plan.output) as lease:
-        return _run_groups(plan, lease, read, score, write, qualify, on_commit, heartbeat,
+    with Leases(plan.paths, [plan.output, plan.invalid_output]) as leases:
+        return _run_groups(plan, leases, read, score, write, qualify, on_commit, heartbeat,
                            published)
 
 
-def _run_groups(plan: Plan, lease: Lease, read: Callable[[list[str]], Any],
+def _run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
                 score: Callable[[Any], tuple[Any, Any]],
                 write: Callable[[Any, str, str | None], None], qualify: Callable[[str], str],
                 on_commit: Callable[[dict], None], heartbeat: Heartbeat,
                 published: Callable[[], None]) -> dict:
-    """:func:`run_groups` while this job holds the output's ``lease``."""
+    """:func:`run_groups` while this job holds the ``leases`` of its output and quarantine."""
     committed = _begin(plan)
     published()
     progress = Progress(plan, committed)
@@ -564,12 +564,12 @@ def _run_groups(plan: Plan, lease: Lease, read: Callable[[list[str]], Any],
                   "build_seconds": round(float(figures["build_seconds"]), 3),
                   "seconds": round(time.perf_counter() - started, 3),
                   "committed": _when(int(time.time() * 1000))}
-        lease.check()
+        leases.check()
         progress.add(index, _commit(plan, index, staging, record))
         published()
         logger.info(progress.line())
         on_commit(progress.summary())
-    lease.check()
+    leases.check()
     for _, root in plan.roots():
         if not plan.paths.exists(join(root, SUCCESS)):
             plan.paths.create(join(root, SUCCESS), b"")

@@ -1,6 +1,7 @@
-"""One job at a time per output: the lease a score run holds on its output folder while
-it runs (a ``--resume`` run from its first look at the output; a plain one from its start
-until its output is renamed into place).
+"""One job at a time per output: the lease a score run holds on each folder it writes
+(its output and its quarantine, :class:`Leases`) while it runs (a ``--resume`` run from
+its first look at the output; a plain one from its start until its folders are renamed
+into place).
 
 The lease is a hidden folder beside the output (``.<name>.spark-keras-lease``: names
 starting with ``.`` are invisible to Spark's and pyarrow's readers, and it survives the
@@ -31,12 +32,12 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterable
 
 from spark_keras.jobs.score_errors import JobError
 from spark_keras.spark.paths import Paths, join, write_whole
 
-__all__ = ["Lease", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
+__all__ = ["Lease", "Leases", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
@@ -203,6 +204,48 @@ class Lease:
             logger.warning("cannot remove the lease of output %s: %s", self._output, exc)
 
     def __enter__(self) -> "Lease":
+        self.take()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class Leases:
+    """This job's leases on each folder it writes (``None`` entries left out; one lease
+    per place): all taken, in the order of their folders, or none (the refusal names
+    the folder another job holds); :meth:`check` checks every one."""
+
+    def __init__(self, paths: Paths, outputs: Iterable[str | None]) -> None:
+        leases: dict[str, Lease] = {}
+        for output in outputs:
+            if output is not None:
+                lease = Lease(paths, output)
+                leases.setdefault(lease.folder, lease)
+        self._leases = [leases[folder] for folder in sorted(leases)]
+
+    def take(self) -> None:
+        """Claim every folder, or raise :class:`JobError` holding none."""
+        taken: list[Lease] = []
+        try:
+            for lease in self._leases:
+                lease.take()
+                taken.append(lease)
+        except BaseException:
+            for lease in reversed(taken):
+                lease.release()
+            raise
+
+    def check(self) -> None:
+        """Raise :class:`JobError` unless this job still holds every folder."""
+        for lease in self._leases:
+            lease.check()
+
+    def release(self) -> None:
+        for lease in reversed(self._leases):
+            lease.release()
+
+    def __enter__(self) -> "Leases":
         self.take()
         return self
 

@@ -23,7 +23,7 @@ from spark_keras.inference.options import FLAGS, check_buckets, check_error_col,
 from spark_keras.jobs import score_commits as commits
 from spark_keras.jobs import score_outputs as outputs_
 from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_lease import Lease
+from spark_keras.jobs.score_lease import Leases
 from spark_keras.jobs.score_outputs import Outputs
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, connect_session, settings
@@ -233,6 +233,10 @@ def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
                              for t in (outputs.path, outputs.invalid_path))
             outputs.write(scored, main, invalid, overwrite=overwrite)
             held()
+            for target in staging:  # one another job published since this one began
+                if not overwrite and paths.exists(target):
+                    raise JobError(f"output path {target!r} was written by another job "
+                                   f"while this one scored; pass --overwrite to replace it")
             for target, folder in staging.items():
                 if paths.exists(target):
                     paths.delete(target)
@@ -345,12 +349,11 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
                                          heartbeat, published)
     else:
         logger.info("scoring %r into %r", args.input, args.output or args.output_table)
-        # one job at a time per output folder, resumable or not: a run that replaced it
-        # would remove a --resume run's commits, or nest its folder in another's
-        lease = None if outputs.path is None else Lease(paths, outputs.path)
-        with lease or contextlib.nullcontext():
+        # one job at a time per folder (output, quarantine), resumable or not: a run that
+        # replaced one would remove a --resume run's commits, or nest its folder in another's
+        with Leases(paths, [outputs.path, outputs.invalid_path]) as leases:
             summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,
-                                     lease.check if lease else lambda: None)
+                                     leases.check)
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
                 "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
                 summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
