@@ -86,7 +86,7 @@ KNOWN_DEFECTS: set[str] = set()  # none now: the four the machine found first ar
 # broken before the workers built its version, a broadcast handle after a new
 # SparkContext); their shrunk cases are the tests at the end of this module
 
-_COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
+_COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 FAST = settings(max_examples=6, stateful_step_count=6, **_COMMON)
 ALIGN = 100  # stage ids an RDD job after a new SparkContext may skip to meet an old pin
@@ -415,6 +415,18 @@ class Versions(RuleBasedStateMachine):
         self.built.clear()
         self.changed = True
 
+    @precondition(usable)
+    @rule()
+    def unpersist_then_update(self) -> None:
+        """``unpersist()``, an action (the workers build the current version again, under
+        its new key), ``update()``, an action: the workers drop what they built after
+        ``unpersist()``, and the executor its files (issue 42 item 12: version 1 was
+        released under its first key and stayed in the workers as ``<name>.1``)."""
+        self.unpersist()
+        self.action()
+        self.update(label=None, misfit=False)
+        self.action()
+
     @precondition(alive)
     @rule()
     def destroy(self) -> None:
@@ -577,9 +589,14 @@ class Versions(RuleBasedStateMachine):
         schedule = self.bm._schedule
         current = schedule.versions[schedule.current].key
         name = self.bm._name
-        files = {f for state in executor_state(self.spark).values() for f in state["files"]}
+        state = executor_state(self.spark)
+        files = {f for s in state.values() for f in s["files"]}
         kept = {f.split(".skp")[0] for f in files if f == name or f.startswith(name + ".")}
         assert kept <= {current}, f"released versions' files left: {sorted(kept - {current})}"
+        for pid, s in state.items():  # a worker that built the current version dropped the others
+            if current in s["keys"]:
+                mine = {k for k in s["keys"] if k == name or k.startswith(name + ".")}
+                assert mine <= {current}, f"worker {pid} keeps released versions {sorted(mine - {current})}"
 
     def _adopt_file(self) -> None:
         """What the watch does at an action's start: a readable file whose weights are
