@@ -6,9 +6,16 @@ session, as in tests/test_score_resume.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +24,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.jobs import score_commits as commits
+from spark_keras.jobs import score_lease
 from spark_keras.jobs.score import parse_args
 from spark_keras.jobs.score_run import score
 from spark_keras.spark.paths import HadoopPaths
@@ -31,6 +39,7 @@ NAN, NULL, SHORT, NAN2 = 15, 55, 95, 135
 BAD = sorted((NAN, NULL, SHORT, NAN2))
 CLASSES = {"input: NaN": 2, "input: null": 1, "input: shape": 1}
 SCALARS = [f"f{i}" for i in range(6)]
+HOLDER = "holder-00000000000000000001aaaaaaaa.json"  # a live job's, claimed before any run here
 
 
 @pytest.fixture(scope="module")
@@ -219,18 +228,36 @@ def test_the_output_and_the_quarantine_are_scored_once(spark, data, tmp_path):
     assert len(read(spark, tmp_path / "out")) == FILES * ROWS
 
 
+def _hold(folder_of) -> subprocess.Popen:
+    """A live job's lease on the folder ``folder_of``: its holder file, naming a running
+    process of this host (``sleep``; kill it to end that job)."""
+    other = subprocess.Popen(["sleep", "300"])
+    folder = score_lease.lease_folder(os.path.realpath(folder_of))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, HOLDER), "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": other.pid,
+                   "pid_start": score_lease._process_start(other.pid),
+                   "started": "earlier"}, f)
+    return other
+
+
+@contextlib.contextmanager
+def _held(folder_of) -> Iterator[subprocess.Popen]:
+    other = _hold(folder_of)
+    try:
+        yield other
+    finally:
+        other.kill()
+        other.wait()
+
+
 @pytest.mark.parametrize("as_", ["--output", "--invalid-output"])
 def test_a_plain_run_refuses_a_folder_another_job_holds(spark, data, tmp_path, as_):
     """A run without --resume holds the leases of its output and quarantine too
-    (score_lease): beside a live job holding a folder (here, its holder file: a running
-    process of this host), an --overwrite run that would replace it, as its output or as
-    its quarantine, stops before it scores or removes anything, exit 2, naming that job;
-    once that job is gone it takes the folder over, and leaves no lease behind."""
-    import socket
-    import subprocess
-
-    from spark_keras.jobs import score_lease
-
+    (score_lease): beside a live job holding a folder, an --overwrite run that would
+    replace it, as its output or as its quarantine, stops before it scores or removes
+    anything, exit 2, naming that job; once that job is gone it takes the folder over,
+    and leaves no lease behind."""
     held = tmp_path / "held"
     held.mkdir()
     (held / "part-kept").write_text("the other job's commit")
@@ -239,28 +266,44 @@ def test_a_plain_run_refuses_a_folder_another_job_holds(spark, data, tmp_path, a
             as_: str(held)}
     args = job_args(data, "--overwrite", "--on-invalid", "null", "--output", mine["--output"],
                     "--invalid-output", mine["--invalid-output"])
-    other = subprocess.Popen(["sleep", "120"])
-    try:
-        os.makedirs(folder)
-        with open(os.path.join(folder, "holder-00000000000000000001aaaaaaaa.json"), "w") as f:
-            json.dump({"host": socket.gethostname(), "pid": other.pid,
-                       "pid_start": score_lease._process_start(other.pid),
-                       "started": "earlier"}, f)
+    with _held(held) as other:
         line = refusal(spark, args)
         assert line == (f"output '{held}' is being written by another score job (pid "
                         f"{other.pid} on host '{socket.gethostname()}', started earlier): one "
                         f"job at a time per output (its lease: '{folder}')"), line
         assert sorted(p.name for p in held.iterdir()) == ["part-kept"]
         assert not os.path.exists(tmp_path / "mine") and not os.path.exists(tmp_path / "q")
-        assert os.listdir(folder) == ["holder-00000000000000000001aaaaaaaa.json"]
-    finally:
-        other.kill()
-        other.wait()
+        assert os.listdir(folder) == [HOLDER]
     summary = score(spark, HadoopPaths(spark), args)  # its holder is gone: taken over
     assert summary["rows"] == FILES * ROWS
     assert len(read(spark, mine["--output"])) == FILES * ROWS
     assert read(spark, mine["--invalid-output"])["id"].tolist() == BAD
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no lease left
+
+
+def test_a_run_interrupted_while_taking_its_leases_holds_none(spark, data, tmp_path):
+    """Ctrl-C (a real SIGINT) in the settle second of the quarantine's lease, the second
+    one taken: the job's Python entry point raises KeyboardInterrupt and holds nothing
+    afterwards (its holder named this live process to every rerun); a rerun in the same
+    process (a notebook) goes on."""
+    args = job_args(data, "--overwrite", "--on-invalid", "null", "--output",
+                    str(tmp_path / "out"), "--invalid-output", str(tmp_path / "q"))
+    second = score_lease.lease_folder(str(tmp_path / "q"))
+
+    def ctrl_c_in_the_settle_second() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                os.path.isdir(second)
+                and any(n.startswith("holder-") for n in os.listdir(second))):
+            time.sleep(0.01)
+        time.sleep(score_lease.SETTLE_SECONDS / 3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_in_the_settle_second, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        score(spark, HadoopPaths(spark), args)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no lease left
+    assert score(spark, HadoopPaths(spark), args)["rows"] == FILES * ROWS
 
 
 def test_a_plain_run_does_not_replace_an_output_published_while_it_scored(spark, data, tmp_path):
@@ -383,6 +426,33 @@ def database(spark, tmp_path):
     spark.sql(f"CREATE DATABASE sk_job_tables LOCATION '{tmp_path / 'warehouse'}'")
     yield "sk_job_tables"
     spark.sql("DROP DATABASE sk_job_tables CASCADE")
+
+
+def _commits_of(location) -> list[str]:
+    log = os.path.join(location, "_spark_keras", "commits")
+    return sorted(n for n in os.listdir(log) if n.endswith(".json")) \
+        if os.path.isdir(log) else []
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resume-overwrite", "plain-overwrite"])
+def test_an_overwrite_run_leaves_a_table_a_live_job_writes(spark, data, database, tmp_path,
+                                                           resume):
+    """A --resume run into a table is live (its lease on the table's folder): a second
+    --overwrite run into that table, resumable or not, stops before it removes anything:
+    exit 2, the table's rows and the live job's commit log kept (a resumable one dropped
+    the table first, a plain one replaced it)."""
+    name = f"{database}.held"
+    score(spark, HadoopPaths(spark), job_args(data, "--output-table", name, "--on-invalid",
+                                              "null", per_group=1))
+    location = tmp_path / "warehouse" / "held"
+    before = _commits_of(location)
+    assert len(before) == FILES and spark.table(name).count() == FILES * ROWS
+    with _held(location):
+        line = refusal(spark, job_args(data, "--output-table", name, "--on-invalid", "null",
+                                       "--overwrite", per_group=1 if resume else None))
+        assert "is being written by another score job" in line, line
+        assert _commits_of(location) == before
+        assert spark.table(name).count() == FILES * ROWS
 
 
 def test_an_output_table_is_saved_and_refused_when_it_exists(spark, data, database):

@@ -501,12 +501,13 @@ class Progress:
                 "done": self.skipped + self.groups == self.total}
 
 
-def run_groups(plan: Plan, read: Callable[[list[str]], Any],
+def run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
                score: Callable[[Any], tuple[Any, Any]],
                write: Callable[[Any, str, str | None], None], qualify: Callable[[str], str],
                on_commit: Callable[[dict], None], heartbeat: Heartbeat,
                published: Callable[[], None] = lambda: None) -> dict:
-    """Score and commit every group not committed yet; the summary
+    """Score and commit every group not committed yet, while this job holds the
+    ``leases`` of its output and quarantine (checked before each commit); the summary
     (:meth:`Progress.summary`).
 
     Args:
@@ -521,17 +522,6 @@ def run_groups(plan: Plan, read: Callable[[list[str]], Any],
             and each commit): a table's listing refreshed.
     """
     assert plan.output is not None  # known once the run begins
-    with Leases(plan.paths, [plan.output, plan.invalid_output]) as leases:
-        return _run_groups(plan, leases, read, score, write, qualify, on_commit, heartbeat,
-                           published)
-
-
-def _run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
-                score: Callable[[Any], tuple[Any, Any]],
-                write: Callable[[Any, str, str | None], None], qualify: Callable[[str], str],
-                on_commit: Callable[[dict], None], heartbeat: Heartbeat,
-                published: Callable[[], None]) -> dict:
-    """:func:`run_groups` while this job holds the ``leases`` of its output and quarantine."""
     committed = _begin(plan)
     published()
     progress = Progress(plan, committed)

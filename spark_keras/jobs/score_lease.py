@@ -158,13 +158,16 @@ class Lease:
         # wait above, so a claimant that stalled comes after one that did not
         self._token = f"{time.time_ns():020d}{uuid.uuid4().hex[:8]}"
         self._holder = join(self.folder, f"holder-{self._token}.json")
-        write_whole(self._paths, self._holder, json.dumps(info))
-        self._beat(0)
-        time.sleep(SETTLE_SECONDS)
-        if min(self._holders(), default=self._token) != self._token:
-            self._remove(self._token)  # claimed at the same moment: the first one keeps it
-            raise JobError(f"output {self._output!r} was claimed at the same moment by "
-                           f"another score job: one job at a time per output")
+        try:
+            write_whole(self._paths, self._holder, json.dumps(info))
+            self._beat(0)
+            time.sleep(SETTLE_SECONDS)
+            if min(self._holders(), default=self._token) != self._token:
+                raise JobError(f"output {self._output!r} was claimed at the same moment by "
+                               f"another score job: one job at a time per output")
+        except BaseException:  # that one (the first claim keeps it), an error, a Ctrl-C:
+            self.release()  # a holder left would name this live process to every rerun
+            raise
         self._thread = threading.Thread(target=self._beating, name="spark-keras-lease",
                                         daemon=True)
         self._thread.start()
@@ -222,6 +225,7 @@ class Leases:
             if output is not None:
                 lease = Lease(paths, output)
                 leases.setdefault(lease.folder, lease)
+        self._paths = paths
         self._leases = [leases[folder] for folder in sorted(leases)]
 
     def take(self) -> None:
@@ -235,6 +239,16 @@ class Leases:
             for lease in reversed(taken):
                 lease.release()
             raise
+
+    def add(self, output: str | None) -> None:
+        """Claim one more folder (once its place is known: a table made by the run),
+        unless it is one this job holds already."""
+        if output is None:
+            return
+        lease = Lease(self._paths, output)
+        if all(held.folder != lease.folder for held in self._leases):
+            lease.take()
+            self._leases.append(lease)
 
     def check(self) -> None:
         """Raise :class:`JobError` unless this job still holds every folder."""

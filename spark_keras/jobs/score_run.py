@@ -341,17 +341,20 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     whole = transform(df, observed=plan is None)  # with --resume: its schema only
     outputs.check_schema(whole[0])  # what the format cannot hold, before any write
     heartbeat = Heartbeat(spark, args.progress_seconds if args.progress else None)
-    if plan is not None:
-        published = _table_made(spark, args, outputs, plan, whole[0])
-        with _path_errors():
-            summary = commits.run_groups(plan, _group_reader(spark, paths, args, fmt, df.schema),
-                                         transform, outputs.write, paths.qualify, committed,
-                                         heartbeat, published)
-    else:
-        logger.info("scoring %r into %r", args.input, args.output or args.output_table)
-        # one job at a time per folder (output, quarantine), resumable or not: a run that
-        # replaced one would remove a --resume run's commits, or nest its folder in another's
-        with Leases(paths, [outputs.path, outputs.invalid_path]) as leases:
+    # one job at a time per folder (output, quarantine, a table's), resumable or not, from
+    # before anything is removed: a run that replaced one would remove a --resume run's
+    # commits, or nest its folder in another's
+    with Leases(paths, [outputs.path, outputs.invalid_path, _table_folder(spark, args)]) \
+            as leases:
+        if plan is not None:
+            published = _table_made(spark, args, outputs, plan, whole[0])
+            leases.add(plan.output)  # a table made by this run: its folder
+            with _path_errors():
+                summary = commits.run_groups(
+                    plan, leases, _group_reader(spark, paths, args, fmt, df.schema), transform,
+                    outputs.write, paths.qualify, committed, heartbeat, published)
+        else:
+            logger.info("scoring %r into %r", args.input, args.output or args.output_table)
             summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,
                                      leases.check)
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
@@ -360,6 +363,14 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
                 summary["build_seconds"])
     committed(summary)
     return summary
+
+
+def _table_folder(spark: Any, args: argparse.Namespace) -> str | None:
+    """The folder of the ``--output-table`` there is (None: no table, or none yet)."""
+    name = args.output_table
+    if name is None or not outputs_.table_exists(spark, name):
+        return None
+    return outputs_.table_location(spark, name)
 
 
 def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: commits.Plan,
