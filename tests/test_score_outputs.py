@@ -455,6 +455,66 @@ def test_an_overwrite_run_leaves_a_table_a_live_job_writes(spark, data, database
         assert spark.table(name).count() == FILES * ROWS
 
 
+def test_a_table_not_made_yet_is_leased_where_spark_will_make_it(spark, data, database,
+                                                                  tmp_path):
+    """The folder of a table that does not exist yet is where Spark makes it (the
+    database's folder, the name in lower case), so a job that holds it (a --resume run
+    making that table) refuses a plain run into it before anything is written (there was
+    no lease: the plain run replaced the table that job made while it scored)."""
+    from spark_keras.jobs.score_outputs import table_folder, table_location
+
+    name = f"{database}.Later"
+    future = table_folder(spark, name)
+    paths = HadoopPaths(spark)
+    with _held(tmp_path / "warehouse" / "later"):
+        line = refusal(spark, job_args(data, "--output-table", name, "--on-invalid", "null"))
+        assert "is being written by another score job" in line, line
+        assert not spark.catalog.tableExists(name)
+    score(spark, paths, job_args(data, "--output-table", name, "--on-invalid", "null"))
+    assert paths.place(table_location(spark, name)) == paths.place(future)
+    assert not [p for p in os.listdir(tmp_path / "warehouse") if p.startswith(".")]
+
+
+def test_a_table_run_taken_over_before_its_write_leaves_the_table(spark, data, database):
+    """Spark's writer publishes a table as it writes: the leases are checked as that
+    write begins (they were checked after it: the table replaced, then 'stops before
+    publishing anything more')."""
+    from spark_keras.jobs.score_errors import JobError
+    from spark_keras.jobs.score_lease import Leases
+    from spark_keras.jobs.score_outputs import Outputs, table_location
+    from spark_keras.jobs.score_run import _publish
+
+    name = f"{database}.kept"
+    spark.sql(f"CREATE TABLE {name} (id long, note string) USING parquet")
+    spark.sql(f"INSERT INTO {name} VALUES (1, 'kept')")
+    frame = spark.read.parquet(str(data / "scalar"))
+    outputs = Outputs("parquet", None, None, name, None, False, None, None, frame.columns)
+    paths = HadoopPaths(spark)
+    location = table_location(spark, name)
+    with Leases(paths, [location]) as leases:
+        folder = score_lease.lease_folder(paths.place(location))
+        for entry in os.listdir(folder):  # judged gone by another job, which took over
+            os.remove(os.path.join(folder, entry))
+        with _held(location.removeprefix("file:")):
+            with pytest.raises(JobError, match="another score job holds it now"):
+                _publish(frame, paths, outputs, True, leases.check)
+    assert spark.table(name).collect() == [(1, "kept")]
+
+
+def test_a_quarantine_inside_the_tables_folder_is_refused(spark, data, database, tmp_path):
+    """As a quarantine inside --output is: one line, before anything is written (the job
+    replaced the table, lost the quarantine and blamed 'another score job')."""
+    name = f"{database}.qt"
+    spark.sql(f"CREATE TABLE {name} (id long) USING parquet")
+    spark.sql(f"INSERT INTO {name} VALUES (7)")
+    inside = tmp_path / "warehouse" / "qt" / "quarantine"
+    line = refusal(spark, job_args(data, "--output-table", name, "--overwrite", "--on-invalid",
+                                   "null", "--invalid-output", str(inside)))
+    assert line.startswith(f"--invalid-output '{inside}' is inside the folder of --output-table "
+                           f"'{name}' "), line
+    assert spark.table(name).collect() == [(7,)]
+
+
 def test_an_output_table_is_saved_and_refused_when_it_exists(spark, data, database):
     name = f"{database}.plain"
     args = job_args(data, "--output-table", name, "--output-format", "orc",

@@ -202,6 +202,23 @@ def table_location(spark: Any, name: str) -> str:
                    f"file tables")
 
 
+def table_folder(spark: Any, name: str) -> str | None:
+    """The folder table ``name`` has, or where Spark makes it as a managed table (its
+    database's folder, the name in lower case); None if that cannot be told (a name
+    quoted with backticks, another catalog's)."""
+    if table_exists(spark, name):
+        return table_location(spark, name)
+    parts = name.split(".")
+    if parts[0] == "spark_catalog" and len(parts) == 3:
+        parts = parts[1:]
+    if "`" in name or len(parts) > 2:
+        return None
+    with table_errors(name):
+        database = parts[0] if len(parts) == 2 else spark.catalog.currentDatabase()
+        location = spark.catalog.getDatabase(database).locationUri
+    return f"{location.rstrip('/')}/{parts[-1].lower()}"
+
+
 def create_table(spark: Any, name: str, outputs: Outputs, schema: Any) -> str:
     """Table ``name``, made empty with ``schema`` (the output's format and partition
     columns) by Spark's writer; its location."""

@@ -48,7 +48,8 @@ def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
     """Refuse an existing output or invalid rows' output (unless ``--overwrite``), a
     missing input, and places that hold one another."""
     with _path_errors():
-        _check_apart(paths, args)
+        _check_apart(paths, [("--input", args.input), ("--output", args.output),
+                             ("--invalid-output", args.invalid_output)])
         if args.output is not None:
             paths.check_output(args.output)
         if args.output is not None and paths.exists(args.output) \
@@ -89,12 +90,11 @@ def _check_options(args: argparse.Namespace) -> None:
                            f"exist or is not writable")
 
 
-def _check_apart(paths: Paths, args: argparse.Namespace) -> None:
-    """Refuse an output, quarantine and input that hold one another: a fresh run removes
-    its outputs (the input with them), and a resumed one lists them (files of the other
-    would be files nobody committed, or input files Spark does not read)."""
-    given = [("--input", args.input), ("--output", args.output),
-             ("--invalid-output", args.invalid_output)]
+def _check_apart(paths: Paths, given: list[tuple[str, str | None]]) -> None:
+    """Refuse an output, quarantine and input (``given``: flag, path) that hold one
+    another: a fresh run removes its outputs (the input with them), and a resumed one
+    lists them (files of the other would be files nobody committed, or input files Spark
+    does not read)."""
     places = [(flag, path, paths.place(path)) for flag, path in given if path is not None]
     for (flag, path, where), (other_flag, other, other_where) in itertools.combinations(places, 2):
         if where == other_where:
@@ -222,17 +222,21 @@ def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str |
 def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
              held: Callable[[], None]) -> None:
     """Write ``scored`` (:meth:`Outputs.write`) to staging folders beside the output and
-    the invalid rows' output, then, if this job still ``held`` the output (it raises
+    the invalid rows' output, then, if this job still ``held`` its folders (it raises
     otherwise), rename them into place (replacing old ones); a table is saved by Spark's
-    writer between the two. Staging folders are removed if anything fails."""
+    writer between the two, checked as it begins. Staging folders are removed if
+    anything fails."""
     staging = {target: f"{target.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
                for target in (outputs.path, outputs.invalid_path) if target is not None}
     with _path_errors():
         try:
             main, invalid = (None if t is None else paths.qualify(staging[t])
                              for t in (outputs.path, outputs.invalid_path))
+            if outputs.path is None:  # a table: Spark's writer publishes it as it writes
+                held()
             outputs.write(scored, main, invalid, overwrite=overwrite)
-            held()
+            if outputs.path is not None:
+                held()
             for target in staging:  # one another job published since this one began
                 if not overwrite and paths.exists(target):
                     raise JobError(f"output path {target!r} was written by another job "
@@ -292,6 +296,10 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
                        f"{df.columns}")
     outputs = Outputs.of(args, df.columns)
     location = None if args.output_table is None else _table_location(spark, paths, args)
+    table = None if args.output_table is None else outputs_.table_folder(spark, args.output_table)
+    with _path_errors():
+        _check_apart(paths, [("--input", args.input), ("--invalid-output", args.invalid_output),
+                             (f"the folder of --output-table {args.output_table!r}", table)])
     plan = _plan(paths, args, df, fmt, features, args.output or location) \
         if args.resume else None
     try:  # a local path, or a URI the executors read from storage themselves
@@ -309,7 +317,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
         raise JobError(str(exc)) from None
 
     try:
-        return _score_with(handle, spark, paths, args, df, fmt, features, plan, outputs)
+        return _score_with(handle, spark, paths, args, df, fmt, features, plan, outputs, table)
     finally:  # its payload and version server (the process may go on: the Python entry point)
         try:
             handle.destroy()
@@ -319,8 +327,9 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
 
 def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace, df: Any,
                 fmt: str, features: list[str], plan: commits.Plan | None,
-                outputs: Outputs) -> dict:
-    """:func:`score`'s scoring, once the model is loaded."""
+                outputs: Outputs, table: str | None) -> dict:
+    """:func:`score`'s scoring, once the model is loaded (``table``: the folder of the
+    ``--output-table``, as it is or will be)."""
     from pyspark.sql import Observation
 
     names = iter(range(1 << 62))
@@ -344,11 +353,10 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     # one job at a time per folder (output, quarantine, a table's), resumable or not, from
     # before anything is removed: a run that replaced one would remove a --resume run's
     # commits, or nest its folder in another's
-    with Leases(paths, [outputs.path, outputs.invalid_path, _table_folder(spark, args)]) \
-            as leases:
+    with Leases(paths, [outputs.path, outputs.invalid_path, table]) as leases:
         if plan is not None:
             published = _table_made(spark, args, outputs, plan, whole[0])
-            leases.add(plan.output)  # a table made by this run: its folder
+            leases.add(plan.output)  # a table made elsewhere than Spark's default
             with _path_errors():
                 summary = commits.run_groups(
                     plan, leases, _group_reader(spark, paths, args, fmt, df.schema), transform,
@@ -363,14 +371,6 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
                 summary["build_seconds"])
     committed(summary)
     return summary
-
-
-def _table_folder(spark: Any, args: argparse.Namespace) -> str | None:
-    """The folder of the ``--output-table`` there is (None: no table, or none yet)."""
-    name = args.output_table
-    if name is None or not outputs_.table_exists(spark, name):
-        return None
-    return outputs_.table_location(spark, name)
 
 
 def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: commits.Plan,
