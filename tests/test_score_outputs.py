@@ -455,24 +455,35 @@ def test_an_overwrite_run_leaves_a_table_a_live_job_writes(spark, data, database
         assert spark.table(name).count() == FILES * ROWS
 
 
-def test_a_table_not_made_yet_is_leased_where_spark_will_make_it(spark, data, database,
-                                                                  tmp_path):
+@pytest.mark.parametrize("folder, spelled", [
+    ("warehouse", "{db}.Later"),
+    ("ware house", "{db}.later"),  # the database's URI says ware%20house
+    ("warehouse", " {db} . later "),  # spaces Spark's parser drops
+])
+def test_a_table_not_made_yet_is_leased_where_spark_will_make_it(spark, data, tmp_path,
+                                                                  folder, spelled):
     """The folder of a table that does not exist yet is where Spark makes it (the
     database's folder, the name in lower case), so a job that holds it (a --resume run
     making that table) refuses a plain run into it before anything is written (there was
-    no lease: the plain run replaced the table that job made while it scored)."""
+    no lease: the plain run replaced the table that job made while it scored), and the
+    lease leaves nothing behind."""
     from spark_keras.jobs.score_outputs import table_folder, table_location
 
-    name = f"{database}.Later"
-    future = table_folder(spark, name)
-    paths = HadoopPaths(spark)
-    with _held(tmp_path / "warehouse" / "later"):
-        line = refusal(spark, job_args(data, "--output-table", name, "--on-invalid", "null"))
-        assert "is being written by another score job" in line, line
-        assert not spark.catalog.tableExists(name)
-    score(spark, paths, job_args(data, "--output-table", name, "--on-invalid", "null"))
-    assert paths.place(table_location(spark, name)) == paths.place(future)
-    assert not [p for p in os.listdir(tmp_path / "warehouse") if p.startswith(".")]
+    spark.sql(f"CREATE DATABASE sk_job_later LOCATION '{tmp_path / folder}'")
+    try:
+        name = spelled.format(db="sk_job_later")
+        future = table_folder(spark, name)
+        paths = HadoopPaths(spark)
+        with _held(tmp_path / folder / "later"):
+            line = refusal(spark, job_args(data, "--output-table", name, "--on-invalid", "null"))
+            assert "is being written by another score job" in line, line
+            assert not spark.catalog.tableExists(name)
+        score(spark, paths, job_args(data, "--output-table", name, "--on-invalid", "null"))
+        assert paths.place(table_location(spark, name)) == paths.place(future)
+        assert sorted(os.listdir(tmp_path)) == [folder]  # no folder of an encoded name
+        assert os.listdir(tmp_path / folder) == ["later"]  # no lease left
+    finally:
+        spark.sql("DROP DATABASE sk_job_later CASCADE")
 
 
 def test_a_table_run_taken_over_before_its_write_leaves_the_table(spark, data, database):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -208,7 +209,7 @@ def table_folder(spark: Any, name: str) -> str | None:
     quoted with backticks, another catalog's)."""
     if table_exists(spark, name):
         return table_location(spark, name)
-    parts = name.split(".")
+    parts = [part.strip() for part in name.split(".")]  # as Spark's parser reads it
     if parts[0] == "spark_catalog" and len(parts) == 3:
         parts = parts[1:]
     if "`" in name or len(parts) > 2:
@@ -216,7 +217,8 @@ def table_folder(spark: Any, name: str) -> str | None:
     with table_errors(name):
         database = parts[0] if len(parts) == 2 else spark.catalog.currentDatabase()
         location = spark.catalog.getDatabase(database).locationUri
-    return f"{location.rstrip('/')}/{parts[-1].lower()}"
+    # a URI, percent-encoded (a table's Location is not): a space is %20 there
+    return f"{urllib.parse.unquote(location).rstrip('/')}/{parts[-1].lower()}"
 
 
 def create_table(spark: Any, name: str, outputs: Outputs, schema: Any) -> str:
