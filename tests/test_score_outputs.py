@@ -299,9 +299,15 @@ def test_a_run_interrupted_while_taking_its_leases_holds_none(spark, data, tmp_p
         time.sleep(score_lease.SETTLE_SECONDS / 3)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=ctrl_c_in_the_settle_second, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        score(spark, HadoopPaths(spark), args)
+    # Python's own Ctrl-C handler, whatever this process was started with (a background
+    # job of a script, as CI runs make test, starts with SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c_in_the_settle_second, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            score(spark, HadoopPaths(spark), args)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no lease left
     assert score(spark, HadoopPaths(spark), args)["rows"] == FILES * ROWS
 
