@@ -30,6 +30,7 @@ from spark_keras.jobs.score_run import score
 from spark_keras.spark.paths import HadoopPaths
 
 from . import models
+from .test_score_lease import _holder
 from .test_score_resume import refusal
 
 ROWS = 40  # per input file
@@ -39,7 +40,8 @@ NAN, NULL, SHORT, NAN2 = 15, 55, 95, 135
 BAD = sorted((NAN, NULL, SHORT, NAN2))
 CLASSES = {"input: NaN": 2, "input: null": 1, "input: shape": 1}
 SCALARS = [f"f{i}" for i in range(6)]
-HOLDER = "holder-00000000000000000001aaaaaaaa.json"  # a live job's, claimed before any run here
+TOKEN = "00000000000000000001aaaaaaaa"  # a live job's claim, made before any run here
+HOLDER = f"holder-{TOKEN}.json"
 
 
 @pytest.fixture(scope="module")
@@ -232,12 +234,9 @@ def _hold(folder_of) -> subprocess.Popen:
     """A live job's lease on the folder ``folder_of``: its holder file, naming a running
     process of this host (``sleep``; kill it to end that job)."""
     other = subprocess.Popen(["sleep", "300"])
-    folder = score_lease.lease_folder(os.path.realpath(folder_of))
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, HOLDER), "w") as f:
-        json.dump({"host": socket.gethostname(), "pid": other.pid,
-                   "pid_start": score_lease._process_start(other.pid),
-                   "started": "earlier"}, f)
+    _holder(score_lease.lease_folder(os.path.realpath(folder_of)), TOKEN,
+            host=socket.gethostname(), pid=other.pid,
+            pid_start=score_lease._process_start(other.pid), started="earlier")
     return other
 
 

@@ -356,7 +356,7 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     with Leases(paths, [outputs.path, outputs.invalid_path, table]) as leases:
         if plan is not None:
             published = _table_made(spark, args, outputs, plan, whole[0])
-            leases.add(plan.output)  # a table made elsewhere than Spark's default
+            leases.add(plan.output)  # a table whose folder could not be told before
             with _path_errors():
                 summary = commits.run_groups(
                     plan, leases, _group_reader(spark, paths, args, fmt, df.schema), transform,
