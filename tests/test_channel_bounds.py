@@ -27,7 +27,7 @@ from spark_keras.spark import channel_client, channel_server, task_version, vers
 from spark_keras.spark.version_server import Server, ask, download
 from spark_keras.spark.versions import Schedule, Version
 
-from .test_channel_security import _hold_the_cap
+from .test_channel_security import _hold_the_cap, _model
 
 
 @pytest.fixture
@@ -76,8 +76,8 @@ def test_a_worker_keeps_the_answer_of_a_scope_it_uses(server, monkeypatch):
     monkeypatch.setattr(task_version, "_chosen", collections.OrderedDict())
     for name in ("live", "other"):
         server.register(name, Schedule(Version(1, "1", name, 3)))
-    live = types.SimpleNamespace(_name="live", _versions=server.address, _planned=1)
-    other = types.SimpleNamespace(_name="other", _versions=server.address, _planned=1)
+    live = types.SimpleNamespace(_name="live", _versions=_model(server, "live"), _planned=1)
+    other = types.SimpleNamespace(_name="other", _versions=_model(server, "other"), _planned=1)
     assert task_version.version_for(live, "sql:1") is live
     server.forget("live")  # asked again from now on, it answers 404
     for n in range(2, 30):
@@ -112,21 +112,21 @@ def test_a_slow_check_of_a_watched_file_holds_no_other_answer(server, monkeypatc
     server.register("A", a, check)
     server.register("B", Schedule(Version(1, "1", "B", 3)))
     server.keep_payload("B", 1, b"xyz")
-    assert ask(server.address, "A", "sql:1")["version"]["label"] == "1"  # unchanged: quick
+    assert ask(_model(server, "A"), "A", "sql:1")["version"]["label"] == "1"  # unchanged: quick
     changed.set()
     runs.clear()
     answers: dict[str, str] = {}
     askers = [threading.Thread(target=lambda n=n: answers.update(
-        {n: ask(server.address, "A", f"sql:{100 + n}")["version"]["label"]})) for n in range(6)]
+        {n: ask(_model(server, "A"), "A", f"sql:{100 + n}")["version"]["label"]})) for n in range(6)]
     try:
         for asker in askers:
             asker.start()
         time.sleep(0.3)
         started = time.monotonic()
-        assert ask(server.address, "B", "sql:2")["version"]["label"] == "1"
+        assert ask(_model(server, "B"), "B", "sql:2")["version"]["label"] == "1"
         out = io.BytesIO()
-        assert download(server.address, "B", 1, out) == 3 and out.getvalue() == b"xyz"
-        assert ask(server.address, "A", "sql:1")["version"]["label"] == "1"
+        assert download(_model(server, "B"), "B", 1, out) == 3 and out.getvalue() == b"xyz"
+        assert ask(_model(server, "A"), "A", "sql:1")["version"]["label"] == "1"
         assert time.monotonic() - started < 1.0
         for asker in askers:
             asker.join(5)
@@ -137,8 +137,8 @@ def test_a_slow_check_of_a_watched_file_holds_no_other_answer(server, monkeypatc
     deadline = time.monotonic() + 5
     while a.pin(None).label != "2" and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert ask(server.address, "A", "sql:200")["version"]["label"] == "2"
-    assert ask(server.address, "A", "sql:100")["version"]["label"] == "1"  # kept its own
+    assert ask(_model(server, "A"), "A", "sql:200")["version"]["label"] == "2"
+    assert ask(_model(server, "A"), "A", "sql:100")["version"]["label"] == "1"  # kept its own
 
 
 # --- overflow places ----------------------------------------------------------------------
@@ -162,10 +162,10 @@ def test_silent_connections_at_the_cap_keep_no_overflow_place(monkeypatch):
         server.keep_payload("m", 1, payload)
         readers = _hold_the_cap(server)
         for _ in range(8):
-            silent.append(socket.create_connection(("127.0.0.1", server.address.port)))
+            silent.append(socket.create_connection(("127.0.0.1", _model(server).port)))
         time.sleep(0.2)
         started = time.monotonic()
-        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
+        assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"
         assert time.monotonic() - started < 5.0
         for sock in silent[:4]:  # the first ones were taken and dropped: closed
             sock.settimeout(5)
@@ -194,21 +194,21 @@ def test_a_versions_copy_goes_once_it_is_neither_current_nor_pinned(server, monk
     schedule = Schedule(Version(1, "1", "m", 2))
     server.register("m", schedule)
     server.keep_payload("m", 1, b"v1")
-    assert ask(server.address, "m", "stream:q:0")["version"]["index"] == 1
-    assert ask(server.address, "m", "sql:1")["version"]["index"] == 1
+    assert ask(_model(server, "m"), "m", "stream:q:0")["version"]["index"] == 1
+    assert ask(_model(server, "m"), "m", "sql:1")["version"]["index"] == 1
     for index in range(2, 20):
         server.keep_payload("m", index, b"v%d" % index)
         schedule.add(Version(index, str(index), f"m.v{index}", 3, {"sha256": "0" * 64}))
     assert _copies(server) == ["m.1.skp", "m.19.skp"]
-    assert ask(server.address, "m", "stream:q:1")["version"]["index"] == 19
+    assert ask(_model(server, "m"), "m", "stream:q:1")["version"]["index"] == 19
     assert _copies(server) == ["m.1.skp", "m.19.skp"]  # the action sql:1 holds 1
-    assert ask(server.address, "m", "sql:2")["version"]["index"] == 19  # sql:1's pin goes
+    assert ask(_model(server, "m"), "m", "sql:2")["version"]["index"] == 19  # sql:1's pin goes
     assert _copies(server) == ["m.19.skp"]
     with pytest.raises(SparkKerasError, match="copy of version 5 of model m is missing .*"
                                               "neither current nor pinned"):
-        download(server.address, "m", 5, io.BytesIO())
+        download(_model(server, "m"), "m", 5, io.BytesIO())
     out = io.BytesIO()
-    assert download(server.address, "m", 19, out) == 3 and out.getvalue() == b"v19"
+    assert download(_model(server, "m"), "m", 19, out) == 3 and out.getvalue() == b"v19"
 
 
 def test_updates_leave_the_driver_one_copy_when_no_scope_holds_the_old_ones(spark):
@@ -260,16 +260,16 @@ def test_at_the_cap_a_new_scope_is_answered_without_waiting_for_a_slow_check(mon
         server.register("m", Schedule(Version(1, "1", "m", len(payload))),
                         lambda: release.wait(20))
         server.keep_payload("m", 1, payload)
-        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"  # waits 5 s
+        assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"  # waits 5 s
         readers = _hold_the_cap(server)
         started = time.monotonic()
-        assert ask(server.address, "m", "sql:2")["version"]["label"] == "1"
+        assert ask(_model(server, "m"), "m", "sql:2")["version"]["label"] == "1"
         assert time.monotonic() - started < 4
         for reader in readers:
             reader.close()
         readers = []
         for i in range(3):  # below the cap: each waits CHECK_WAIT, the check still hung
-            ask(server.address, "m", f"sql:{10 + i}")
+            ask(_model(server, "m"), "m", f"sql:{10 + i}")
         running = server._boundaries["m"]._running
         assert running is not None and not running.done()
         assert len(running._done_callbacks) <= 2, running._done_callbacks  # not one per request

@@ -36,7 +36,7 @@ import pytest
 import spark_keras as sk
 from spark_keras.errors import ChannelError, ChannelTrustError, SparkKerasError
 from spark_keras.spark import channel_client, channel_server, transport, version_server
-from spark_keras.spark.version_server import Address, Server, ask, download
+from spark_keras.spark.version_server import Address, Server, ask, download, model_scope
 from spark_keras.spark.versions import Schedule, Version, active_context, in_context
 
 from . import models
@@ -61,6 +61,11 @@ def weights():
     pattern = np.ascontiguousarray(model.get_weights()[0]).tobytes()[:64]
     assert pattern in payload  # the weights travel as they are in the payload
     return payload, pattern
+
+
+def _model(server: Server, name: str = "m") -> Address:
+    """``server``'s address with handle ``name``'s own token (what that handle carries)."""
+    return server.address_for(model_scope(name))
 
 
 def _via(address: Address, port: int) -> Address:
@@ -94,17 +99,17 @@ class RecordingRelay(Relay):
 def test_a_relay_on_the_path_sees_neither_the_token_nor_the_weights(weights):
     payload, pattern = weights
     server = Server("127.0.0.1")
-    relay = RecordingRelay(("127.0.0.1", server.address.port))
+    relay = RecordingRelay(("127.0.0.1", _model(server).port))
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         server.keep_payload("m", 1, payload)
-        through = _via(server.address, relay.port)
+        through = _via(_model(server), relay.port)
         assert ask(through, "m", "sql:1")["version"]["key"] == "m"
         out = io.BytesIO()
         assert download(through, "m", 1, out) == len(payload) and out.getvalue() == payload
         captured = bytes(relay.captured)
         assert len(captured) > len(payload)  # all of it went through the relay...
-        assert server.token.encode() not in captured  # ...and none of it in clear
+        assert _model(server).token.encode() not in captured  # ...and none of it in clear
         assert pattern not in captured and b'"version"' not in captured
     finally:
         relay.close()
@@ -115,13 +120,13 @@ def test_a_relay_that_alters_bytes_fails_the_request_and_its_bytes_are_not_used(
     def flip_last(data: bytes) -> bytes:
         return data[:-1] + bytes([data[-1] ^ 0x01])
 
-    relay = RecordingRelay(("127.0.0.1", server.address.port), rewrite=flip_last)
+    relay = RecordingRelay(("127.0.0.1", _model(server).port), rewrite=flip_last)
     try:
         with pytest.raises(ChannelError, match="/resolve"):
-            ask(_via(server.address, relay.port), "m", "sql:1")
+            ask(_via(_model(server), relay.port), "m", "sql:1")
         out = io.BytesIO()
         with pytest.raises(ChannelError):
-            download(_via(server.address, relay.port), "m", 1, out)
+            download(_via(_model(server), relay.port), "m", 1, out)
         assert out.getvalue() == b""
     finally:
         relay.close()
@@ -161,20 +166,20 @@ def _forging_server(context: ssl.SSLContext | None, received: list[bytes]) -> so
 
 def test_a_server_with_another_certificate_gets_nothing_and_its_answer_is_refused(server):
     impostor_context, impostor_fingerprint = channel_server.tls_context()  # its own key
-    assert impostor_fingerprint != server.address.fingerprint
+    assert impostor_fingerprint != _model(server).fingerprint
     received: list[bytes] = []
     impostor = _forging_server(impostor_context, received)
     try:
         with pytest.raises(ChannelTrustError, match="not the driver's .*nothing was sent"):
-            ask(_via(server.address, impostor.getsockname()[1]), "m", "sql:1")
+            ask(_via(_model(server), impostor.getsockname()[1]), "m", "sql:1")
         with pytest.raises(ChannelTrustError):
-            download(_via(server.address, impostor.getsockname()[1]), "m", 1, io.BytesIO())
+            download(_via(_model(server), impostor.getsockname()[1]), "m", 1, io.BytesIO())
         deadline = time.monotonic() + 5
         while len(received) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert received == [b"", b""]  # the impostor read nothing: no request, no token
         with pytest.raises(ChannelTrustError):  # a handle without the fingerprint trusts no one
-            ask(Address(server.address[:3]), "m", "sql:1")
+            ask(Address(_model(server)[:3]), "m", "sql:1")
     finally:
         impostor.close()
 
@@ -184,8 +189,8 @@ def test_a_plain_http_answer_is_refused(server):
     faker = _forging_server(None, received)
     try:
         with pytest.raises(ChannelError, match="/resolve"):
-            ask(_via(server.address, faker.getsockname()[1]), "m", "sql:1")
-        assert server.token.encode() not in b"".join(received)  # a TLS hello, no token
+            ask(_via(_model(server), faker.getsockname()[1]), "m", "sql:1")
+        assert _model(server).token.encode() not in b"".join(received)  # a TLS hello, no token
     finally:
         faker.close()
 
@@ -193,18 +198,18 @@ def test_a_plain_http_answer_is_refused(server):
 def test_network_failures_are_channel_errors_never_os_errors(weights):
     payload, _ = weights
     server = Server("127.0.0.1")
-    relay = RecordingRelay(("127.0.0.1", server.address.port), cut_after=len(payload) // 2)
+    relay = RecordingRelay(("127.0.0.1", _model(server).port), cut_after=len(payload) // 2)
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         server.keep_payload("m", 1, payload)
         with pytest.raises(ChannelError, match="/payload") as cut:
-            download(_via(server.address, relay.port), "m", 1, io.BytesIO())
+            download(_via(_model(server), relay.port), "m", 1, io.BytesIO())
         assert not isinstance(cut.value, OSError)
     finally:
         relay.close()
         server.close()
     with pytest.raises(ChannelError, match="cannot reach the driver") as refused:
-        ask(server.address, "m", None)  # closed: nobody listens there now
+        ask(_model(server, "m"), "m", None)  # closed: nobody listens there now
     assert not isinstance(refused.value, OSError)
 
 
@@ -224,24 +229,24 @@ def _raw(address: Address, head: bytes) -> tuple[int, bytes]:
 
 
 def test_bad_tokens_and_indexes_answer_4xx_without_a_traceback_logged_once(server, capfd, caplog):
-    token = server.address.token.encode()
+    token = _model(server).token.encode()
     with caplog.at_level(logging.DEBUG, logger="spark_keras"):
         for _ in range(3):
-            status, _ = _raw(server.address, b"GET /resolve?name=m HTTP/1.1\r\n"
+            status, _ = _raw(_model(server), b"GET /resolve?name=m HTTP/1.1\r\n"
                                              b"X-Spark-Keras-Token: caf\xc3\xa9\xff\r\n\r\n")
             assert status == 403
         for index in (b"abc", b"1.5", b"%C2%B2", b""):
-            status, body = _raw(server.address, b"GET /payload?name=m&index=%s HTTP/1.1\r\n"
+            status, body = _raw(_model(server), b"GET /payload?name=m&index=%s HTTP/1.1\r\n"
                                                 b"X-Spark-Keras-Token: %s\r\n\r\n" % (index, token))
             assert status == 400 and b"index must be a version number" in body
-        status, _ = _raw(server.address, b"GET /resolve?name=m&scope=\xff HTTP/1.1\r\n"
+        status, _ = _raw(_model(server), b"GET /resolve?name=m&scope=\xff HTTP/1.1\r\n"
                                          b"X-Spark-Keras-Token: %s\r\n\r\n" % token)
         assert status == 400
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 2, warnings  # one per status, not one per request
     assert "403 bad token" in warnings[0] and "400 index must be" in warnings[1]
     assert "Traceback" not in capfd.readouterr().err
-    assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"  # still answering
+    assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"  # still answering
 
 
 def test_a_malformed_scope_is_refused_and_later_resolves_work(server):
@@ -250,23 +255,23 @@ def test_a_malformed_scope_is_refused_and_later_resolves_work(server):
     for bad in ("stream:q:2:extra", "stream:q:x", "sql:1 ", "stage:", "stage:a:b:3", "other:1",
                 "stream:q\u00e9:1", "sql:" + "9" * 40):
         with pytest.raises(SparkKerasError, match="400 Bad Request: malformed scope"):
-            ask(server.address, "q", bad)
+            ask(_model(server, "q"), "q", bad)
         assert not schedule.is_pinned(bad)
     for good in ("stream:2b1e4c5a-77f2-4c1b-9d1e-0c2f3a4b5c6d:0", "sql:12", "stage:7",
                  "stage:app-20260101-0001.ctx:3"):
-        assert ask(server.address, "q", good)["version"]["label"] == "1"
+        assert ask(_model(server, "q"), "q", good)["version"]["label"] == "1"
         # a stage's or a query's id is pinned within the SparkContext running (if any:
         # an earlier test module's session may still be up)
         assert schedule.is_pinned(in_context(good, active_context()))
     schedule.add(Version(2, "2", "q.v2", 3))
-    answer = ask(server.address, "q", "stream:2b1e4c5a-77f2-4c1b-9d1e-0c2f3a4b5c6d:1")
+    answer = ask(_model(server, "q"), "q", "stream:2b1e4c5a-77f2-4c1b-9d1e-0c2f3a4b5c6d:1")
     assert answer["version"]["label"] == "2"
 
 
 def test_a_deleted_copy_answers_410_and_the_worker_says_which(server, capfd):
     os.remove(server.payload_path("m", 1))
     with pytest.raises(SparkKerasError, match="the driver's copy of version 1 of model m is missing"):
-        download(server.address, "m", 1, io.BytesIO())
+        download(_model(server, "m"), "m", 1, io.BytesIO())
     assert "Traceback" not in capfd.readouterr().err
 
 
@@ -314,7 +319,7 @@ def _rss() -> int:
 @pytest.mark.slow  # 12 s of make test's 15 min
 def test_idle_and_flooding_connections_leave_threads_and_memory_bounded(server):
     threads_before, rss_before = threading.active_count(), _rss()
-    attack = subprocess.Popen([sys.executable, "-c", _ATTACK, str(server.address.port), "1000",
+    attack = subprocess.Popen([sys.executable, "-c", _ATTACK, str(_model(server).port), "1000",
                                "150", "12"], stdout=subprocess.PIPE, text=True)
     try:
         assert attack.stdout.readline().strip() == "attacking"
@@ -322,7 +327,7 @@ def test_idle_and_flooding_connections_leave_threads_and_memory_bounded(server):
         peak_threads, peak_rss, peak_connections, waits = 0, 0, 0, []
         while attack.poll() is None:
             started = time.monotonic()
-            assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
+            assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"
             waits.append(time.monotonic() - started)
             for _ in range(5):
                 peak_threads = max(peak_threads, threading.active_count())
@@ -356,7 +361,7 @@ def _stalled_reader(address: Address, target: bytes) -> ssl.SSLSocket:
 
 def _hold_the_cap(server: Server) -> list[ssl.SSLSocket]:
     """As many stalled readers of a payload as the server's cap, each shown its token."""
-    readers = [_stalled_reader(server.address, b"/payload?name=m&index=1")
+    readers = [_stalled_reader(_model(server), b"/payload?name=m&index=1")
                for _ in range(server._channel.cap)]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not (
@@ -389,14 +394,14 @@ def test_past_the_cap_readers_are_told_to_come_back_and_their_downloads_land(mon
         threading.Timer(4.0, lambda: [r.close() for r in readers]).start()
         out = io.BytesIO()
         with caplog.at_level(logging.INFO, logger="spark_keras"):
-            transport.ServedTransport.of(server.address, "m", 1, kept).write(out)
+            transport.ServedTransport.of(_model(server), "m", 1, kept).write(out)
         assert out.getvalue() == payload
         assert time.monotonic() - started >= 4.0  # it waited for a place
         busy = [r.getMessage() for r in caplog.records if "maximum of readers" in r.getMessage()]
         assert busy and "asked for again" in busy[0], busy
         readers = _hold_the_cap(server)
         started = time.monotonic()
-        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
+        assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"
         assert time.monotonic() - started < 1.0
     finally:
         for reader in readers:
@@ -411,7 +416,7 @@ _SERVER_AT_LOW_LIMIT = textwrap.dedent("""
     from spark_keras.spark.versions import Schedule, Version
     server = Server("127.0.0.1")
     server.register("m", Schedule(Version(1, "1", "m", 3)))
-    print(json.dumps(list(server.address)), server._channel.cap, flush=True)
+    print(json.dumps(list(server.address_for("model:m"))), server._channel.cap, flush=True)
     hog = []
     for line in sys.stdin:
         if line.strip() == "hog":  # the rest of the driver takes all file descriptors but 4
@@ -506,7 +511,7 @@ def test_a_host_not_of_this_machine_listens_everywhere_with_a_warning_unless_bou
         assert bound._channel._sock.getsockname()[0] == "127.0.0.1"
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         bound.register("m", Schedule(Version(1, "1", "m", 3)))
-        assert ask(_via(bound.address, bound.address.port), "m", None)["version"]["label"] == "1"
+        assert ask(_via(_model(bound), _model(bound).port), "m", None)["version"]["label"] == "1"
     finally:
         bound.close()
     with pytest.raises(SparkKerasError, match="cannot listen at 203.0.113.8 .*bindAddress"):

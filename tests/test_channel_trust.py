@@ -45,6 +45,7 @@ from spark_keras.spark.versions import Schedule, Version
 from . import models
 from .conftest import REPO_ROOT, build_records, run_script
 from .relay import Relay
+from .test_channel_security import _model
 
 
 class StallingRelay(Relay):
@@ -271,11 +272,11 @@ def test_a_stalled_download_is_tried_again_and_lands_whole(tmp_path, monkeypatch
     monkeypatch.setattr(channel_client, "TIMEOUT", 1.0)
     payload = sk.dumps(models.mlp(n_features=32, hidden=64, name="stall1"))
     server = Server("127.0.0.1")
-    relay = StallingRelay(("127.0.0.1", server.address.port), stall={0}, stall_for=3.0)
+    relay = StallingRelay(("127.0.0.1", _model(server).port), stall={0}, stall_for=3.0)
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         kept = server.keep_payload("m", 1, payload)
-        served = ServedTransport.of(relay.via(server.address), "m", 1, kept)
+        served = ServedTransport.of(relay.via(_model(server)), "m", 1, kept)
         folder = str(tmp_path / "host")
         path = host_file.land(folder, "m", len(payload), write=served.write)
         with open(path, "rb") as f:
@@ -293,10 +294,10 @@ def test_a_cut_download_resumes_where_it_stopped(tmp_path):
     digest. It used to start again from the first byte."""
     payload = os.urandom(4 << 20)
     server = Server("127.0.0.1")
-    relay = StallingRelay(("127.0.0.1", server.address.port), reset_after={0: 1 << 20})
+    relay = StallingRelay(("127.0.0.1", _model(server).port), reset_after={0: 1 << 20})
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
-        served = ServedTransport.of(relay.via(server.address), "m", 1,
+        served = ServedTransport.of(relay.via(_model(server)), "m", 1,
                                     server.keep_payload("m", 1, payload))
         folder = str(tmp_path / "host")
         path = host_file.land(folder, "m", len(payload), write=served.write)
@@ -306,7 +307,7 @@ def test_a_cut_download_resumes_where_it_stopped(tmp_path):
         assert relay.passed[1] < len(payload) - (512 << 10), relay.passed  # the rest alone
         assert sorted(os.listdir(folder)) == ["m.skp", "m.skp.lock"]
         with pytest.raises(SparkKerasError, match="416 .* past the answer's"):
-            channel_client.download(server.address, "m", 1, io.BytesIO(), start=len(payload))
+            channel_client.download(_model(server, "m"), "m", 1, io.BytesIO(), start=len(payload))
     finally:
         relay.close()
         server.close()
@@ -327,11 +328,11 @@ def test_a_slow_reader_is_kept_while_it_makes_progress(monkeypatch):
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         raw = socket.socket()
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
-        raw.connect(("127.0.0.1", server.address.port))
+        raw.connect(("127.0.0.1", _model(server).port))
         with context.wrap_socket(raw) as sock:
             sock.settimeout(10)
             sock.sendall(b"GET /payload?name=m&index=1 HTTP/1.1\r\nX-Spark-Keras-Token: %s"
-                         b"\r\n\r\n" % server.address.token.encode())
+                         b"\r\n\r\n" % _model(server).token.encode())
             answer, started = bytearray(), time.monotonic()
             while data := sock.recv(4096):
                 answer += data
@@ -340,10 +341,10 @@ def test_a_slow_reader_is_kept_while_it_makes_progress(monkeypatch):
         assert time.monotonic() - started > 10 * channel_server.WRITE_TIMEOUT
         raw = socket.socket()
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
-        raw.connect(("127.0.0.1", server.address.port))
+        raw.connect(("127.0.0.1", _model(server).port))
         with context.wrap_socket(raw) as stalled:  # a reader that takes nothing is dropped
             stalled.sendall(b"GET /payload?name=m&index=1 HTTP/1.1\r\nX-Spark-Keras-Token: %s"
-                            b"\r\n\r\n" % server.address.token.encode())
+                            b"\r\n\r\n" % _model(server).token.encode())
             deadline = time.monotonic() + 10
             while server._channel.connections() == 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -390,14 +391,14 @@ def test_a_digest_mismatch_is_refused_before_the_file_is_published(tmp_path):
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
         kept = server.keep_payload("m", 1, payload)
-        served = ServedTransport(server.address, "m", 1, "0" * 64)
+        served = ServedTransport(_model(server), "m", 1, "0" * 64)
         folder = str(tmp_path / "host")
         with pytest.raises(PayloadError, match=r"model m version 1 .* not 0{64}"):
             host_file.land(folder, "m", len(payload), write=served.write)
         assert sorted(os.listdir(folder)) == ["m.skp.lock"]
         with pytest.raises(PayloadError):
             served.read()
-        assert ServedTransport.of(server.address, "m", 1, kept).read() == payload
+        assert ServedTransport.of(_model(server), "m", 1, kept).read() == payload
     finally:
         server.close()
 
@@ -417,7 +418,7 @@ def test_an_executor_file_replaced_after_it_was_written_is_refused_at_build(tmp_
     server = Server("127.0.0.1")
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
-        served = ServedTransport.of(server.address, "m", 1, server.keep_payload("m", 1, payload))
+        served = ServedTransport.of(_model(server), "m", 1, server.keep_payload("m", 1, payload))
         recipe = Shipment(b"", b"")
 
         def predictions():
@@ -464,7 +465,7 @@ def test_the_executors_payload_files_are_the_owners_alone(tmp_path, monkeypatch)
     umask = os.umask(0o022)
     try:
         server.register("m", Schedule(Version(1, "1", "m", len(payload))))
-        served = ServedTransport.of(server.address, "m", 1, server.keep_payload("m", 1, payload))
+        served = ServedTransport.of(_model(server), "m", 1, server.keep_payload("m", 1, payload))
         served.build(Shipment(b"", b""), "mode1", len(payload), share_weights=True)
         folder = executor_folder()
         modes = {name: os.stat(os.path.join(folder, name)).st_mode & 0o777

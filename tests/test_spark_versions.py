@@ -19,6 +19,7 @@ from spark_keras.spark.versions import Schedule, Version, scope_of
 
 from . import models
 from .conftest import builds_by_worker
+from .test_channel_security import _model
 from .test_spark_streaming import Source, executor_state
 
 # --- the schedule (no Spark) ----------------------------------------------------------
@@ -53,15 +54,15 @@ def test_the_version_server_answers_only_those_with_its_token():
     try:
         server.register("m", Schedule(Version(1, "1", "m", 3)))
         server.keep_payload("m", 1, b"abc")
-        assert ask(server.address, "m", "sql:1")["version"]["label"] == "1"
+        assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"
         out = io.BytesIO()
-        assert download(server.address, "m", 1, out) == 3 and out.getvalue() == b"abc"
-        stranger = Address((*server.address[:2], "not-the-token", *server.address[3:]))
+        assert download(_model(server, "m"), "m", 1, out) == 3 and out.getvalue() == b"abc"
+        stranger = Address((*_model(server)[:2], "not-the-token", *_model(server)[3:]))
         with pytest.raises(sk.SparkKerasError, match="refused /resolve: 403"):
             ask(stranger, "m", None)
         server.forget("m")  # destroyed
         with pytest.raises(sk.SparkKerasError, match="404"):
-            ask(server.address, "m", None)
+            ask(_model(server, "m"), "m", None)
     finally:
         server.close()
 

@@ -256,7 +256,7 @@ def refused(address):
         return True
 
 def gone(server):
-    return server.closed and not threads() and refused(server.address) and \
+    return server.closed and not threads() and refused(server.where) and \
         not os.path.exists(server._folder)
 
 out = {}
@@ -271,7 +271,7 @@ gc.collect()
 out["dropped_copy_removed"] = until(lambda: not os.path.exists(copy))
 out["dropped_entry_removed"] = until(lambda: name not in server._schedules)
 spark.stop()
-out["kept_for_a_live_handle"] = not server.closed and bool(threads()) and not refused(server.address)
+out["kept_for_a_live_handle"] = not server.closed and bool(threads()) and not refused(server.where)
 
 spark = session()  # a new SparkContext: its stages are numbered from 0 again
 kept.update(v2)
@@ -289,7 +289,7 @@ second = version_server._server
 del again
 gc.collect()
 time.sleep(0.5)
-out["kept_while_spark_runs"] = not second.closed and not refused(second.address)
+out["kept_while_spark_runs"] = not second.closed and not refused(second.where)
 spark.stop()
 out["closed_when_spark_stops"] = until(lambda: gone(second))
 print("RESULT " + json.dumps(out))

@@ -680,7 +680,7 @@ class Versions(RuleBasedStateMachine):
             thread = server._channel._thread
             assert not thread.is_alive(), f"the version server's thread {thread.name} lives on"
             with pytest.raises(OSError):
-                socket.create_connection((server.address.host, server.address.port), 2).close()
+                socket.create_connection(server.where, 2).close()
         self.plans.clear()
         if self.bm is None or self.destroyed:
             return

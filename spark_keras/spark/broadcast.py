@@ -158,13 +158,15 @@ class BroadcastModel(ModelHandle):
                                           safe_mode=self._safe_mode)
         self._server = server
         self._application = spark  # where update() adds new custom objects' files
-        self._versions: version_server.Address | None = server.address
+        # the handle's own token: its versions and payloads, nothing of another handle's
+        self._versions: version_server.Address | None = server.address_for(
+            version_server.model_scope(self._name))
         self._version, self._index, self._first_label = label, 1, label
         self._lock = threading.Lock()  # update(), unpersist(), destroy() one at a time
 
         def keep() -> ServedTransport:  # the driver's copy, where transport_for needs one
             payload.path = kept = server.keep_payload(self._name, 1, payload.kept)
-            return ServedTransport.of(server.address, self._name, 1, kept)  # its digest fixed
+            return ServedTransport.of(self._versions, self._name, 1, kept)  # its digest fixed
 
         self._transport = transport_for(spark, self._key, payload, keep, ship)
         self._schedule: versions.Schedule | None = versions.Schedule(

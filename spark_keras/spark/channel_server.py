@@ -2,9 +2,12 @@
 
 A :class:`Channel` answers ``GET`` requests, one per connection (``Connection: close``),
 over TLS with a key and certificate made for it in memory (:func:`tls_context`), whose
-fingerprint the handles pin (:mod:`.channel_client`). It checks each request's token in
-constant time, then hands the path and query to a function that answers them
-(:mod:`.version_server`'s). Bounds:
+fingerprint the handles pin (:mod:`.channel_client`). A token is made for one *scope* (a
+model handle's, a budget's: :func:`scoped_token`) from the server's secret, which never
+leaves the driver; the channel reads each request's scope from its token, checks the
+token in constant time, then hands the path, query and scope to a function that answers
+them (:mod:`.version_server`'s), which refuses (403) a request outside that scope: a
+token travels with one handle's plans and reads nothing of another's. Bounds:
 
 * **threads**: one runs an asyncio event loop that accepts connections, runs TLS (on
   non-blocking ``ssl`` sockets: OpenSSL's state alone per connection), reads requests and
@@ -114,8 +117,26 @@ class Later:
     then: Callable[[], Answer]
 
 
-# (path, query) -> answer; may raise Refused
-Answering = Callable[[str, dict[str, str]], "Answer | Later"]
+# (path, query, the scope its token was made for) -> answer; may raise Refused
+Answering = Callable[[str, dict[str, str], str], "Answer | Later"]
+
+
+def scoped_token(secret: bytes, scope: str) -> str:
+    """The token of ``scope`` (``model:<handle>``, ``budget:<key>``...): the scope
+    (percent-encoded) and, after a dot, its HMAC-SHA256 under the server's ``secret``
+    (hex). Its holder can show it for that scope only: :func:`token_scope`."""
+    quoted = urllib.parse.quote(scope, safe=":")
+    return f"{quoted}.{hmac.new(secret, quoted.encode(), hashlib.sha256).hexdigest()}"
+
+
+def token_scope(secret: bytes, token: bytes) -> str | None:
+    """The scope ``token`` was made for with ``secret`` (:func:`scoped_token`; compared
+    in constant time), else None."""
+    quoted, _, mac = token.rpartition(b".")
+    expected = hmac.new(secret, quoted, hashlib.sha256).hexdigest().encode()
+    if not quoted or not hmac.compare_digest(mac, expected):
+        return None
+    return urllib.parse.unquote(quoted.decode("ascii"))  # made by scoped_token: ASCII
 
 
 def connection_cap() -> int:
@@ -177,10 +198,11 @@ class _Connection:
 
 
 class Channel:
-    """An HTTPS server on the listening socket ``sock``, answering requests that show
-    ``token`` with ``answering(path, query)`` (see the module's bounds)."""
+    """An HTTPS server on the listening socket ``sock``, answering requests that show a
+    token made with ``secret`` with ``answering(path, query, scope)``, ``scope`` the
+    token's (see the module's bounds)."""
 
-    def __init__(self, sock: socket.socket, token: str, answering: Answering) -> None:
+    def __init__(self, sock: socket.socket, secret: bytes, answering: Answering) -> None:
         try:
             self.context, self.fingerprint = tls_context()
         except BaseException:
@@ -190,7 +212,7 @@ class Channel:
         self.overflow_cap = max(1, self.cap // 4)
         self._sock = sock
         sock.setblocking(False)
-        self._token = token.encode()
+        self._secret = secret
         self._answering = answering
         self._connections: dict[_Connection, None] = {}  # oldest first
         self._overflowing = 0  # of them, overflow connections
@@ -332,9 +354,9 @@ class Channel:
         try:  # at the cap (overflow), only a connection that shows the token at once stays
             async with asyncio.timeout(OVERFLOW_HEAD_TIMEOUT if connection.overflow else HEAD_TIMEOUT):
                 await self._io(sock, sock.do_handshake)
-                path, query, start = self._request(await self._read_head(sock))
+                path, query, scope, start = self._request(await self._read_head(sock))
             connection.shown = True
-            answer = await self._answer(connection, path, query)
+            answer = await self._answer(connection, path, query, scope)
             if answer.file is not None:
                 if connection.overflow:
                     answer.file.close()
@@ -356,11 +378,13 @@ class Channel:
             return
         await self._send_answer(sock, answer)
 
-    async def _answer(self, connection: _Connection, path: str, query: dict[str, str]) -> Answer:
+    async def _answer(self, connection: _Connection, path: str, query: dict[str, str],
+                      scope: str) -> Answer:
         """The answering function's answer (in the pool); its failures, other than a
         refusal, answer 500 and are logged once (an OSError there is not the connection's)."""
         try:
-            answer = await self._loop.run_in_executor(self._pool, self._answering, path, query)
+            answer = await self._loop.run_in_executor(self._pool, self._answering, path, query,
+                                                      scope)
             if isinstance(answer, Later):  # asyncio.wait cancels nothing at its timeout;
                 # an overflow connection (5 s in all) does not wait: the answer of now
                 within = 0.0 if connection.overflow else answer.within
@@ -396,10 +420,10 @@ class Channel:
             head += data
         return bytes(head[:end])
 
-    def _request(self, head: bytes) -> tuple[str, dict[str, str], int]:
-        """A request head's path, query and the byte a file answer starts at (its
-        ``Range: bytes=<start>-``, else 0; any other range is ignored), once its token is
-        checked."""
+    def _request(self, head: bytes) -> tuple[str, dict[str, str], str, int]:
+        """A request head's path, query, its token's scope and the byte a file answer
+        starts at (its ``Range: bytes=<start>-``, else 0; any other range is ignored), once
+        its token is checked."""
         lines = head.split(b"\r\n")
         if len(lines) > HEAD_LINES + 1 or len(head) > HEAD_BYTES:
             raise Refused(431, f"a request head is at most {HEAD_BYTES} bytes and "
@@ -419,14 +443,15 @@ class Channel:
                 token = value.strip()
             elif name == b"range" and (asked := _RANGE.fullmatch(value.strip())):
                 start = int(asked.group(1))
-        if not hmac.compare_digest(token, self._token):  # bytes: any content compares
+        scope = token_scope(self._secret, token)
+        if scope is None:
             raise Refused(403, "bad token")
         try:
             url = urllib.parse.urlsplit(parts[1].decode("ascii"))
             query = dict(urllib.parse.parse_qsl(url.query, max_num_fields=8, errors="strict"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise Refused(400, f"a malformed request target ({exc})") from None
-        return url.path, query, start
+        return url.path, query, scope, start
 
     async def _send_answer(self, sock: ssl.SSLSocket, answer: Answer) -> None:
         if answer.file is None:

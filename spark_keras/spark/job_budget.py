@@ -76,17 +76,19 @@ def limit_for(handle: Any, max_invalid: float | None, scope: str = "action",
     check_scope(scope)
     if max_invalid is None or scope == "task":
         return max_invalid
+    key = key or uuid.uuid4().hex
     address = getattr(handle, "_versions", None)
     if address is None:
         from . import version_server
 
         server = version_server._server
-        address = None if server is None or server.closed else server.address
+        address = None if server is None or server.closed else \
+            server.address_for(version_server.budget_scope(key))  # this budget's token
     if address is None:
         return max_invalid
     if 0 < max_invalid < 1:
         _watch_stages(session)
-    return ActionLimit(max_invalid, key or uuid.uuid4().hex, address)
+    return ActionLimit(max_invalid, key, address)
 
 
 def _watch_stages(session: Any) -> None:

@@ -1,8 +1,11 @@
 """The driver's answers to workers about model versions, over its channel (:mod:`.versions`).
 
 One small HTTPS server per driver process (the Spark Connect client's process on
-Connect), started by the first BroadcastModel, answers three requests, each carrying the
-server's secret token:
+Connect), started by the first BroadcastModel, answers three requests, each carrying a
+token made for one scope from the server's secret (:func:`.channel_server.scoped_token`;
+the secret never leaves the driver): a handle carries its own, ``model:<handle>``
+(:func:`model_scope`), so a token for one model neither reads another's payloads nor
+pins its versions (403):
 
 * ``GET /resolve?name=<handle>&scope=<scope>``: the version that scope scores with,
   and the versions released (JSON: a version's payload SHA-256, and that of its custom
@@ -69,11 +72,11 @@ from typing import Any, Callable, Iterator
 from ..errors import ArgumentError, SparkKerasError
 from . import budget_ledger
 from .channel_client import TIMEOUT, Address, ask, download
-from .channel_server import Answer, Channel, Later, Refused
+from .channel_server import Answer, Channel, Later, Refused, scoped_token
 from .versions import CHECK_WAIT, Check, Schedule, Version, active_context, in_context
 
 __all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_if_idle", "driver_host",
-           "bind_address"]
+           "bind_address", "model_scope", "budget_scope"]
 
 logger = logging.getLogger("spark_keras")
 
@@ -95,11 +98,33 @@ _FOLDER_LOCK = ".lock"  # in a driver's folder: flock'd by its driver while it l
 MAX_RETIRED = 1024
 
 
-def _answer(owner: "Server", path: str, query: dict[str, str]) -> Answer | Later:
-    """The answer to a request that showed the token (run in the channel's pool)."""
+def model_scope(name: str) -> str:
+    """The scope of handle ``name``'s token: its ``/resolve`` and ``/payload``."""
+    return f"model:{name}"
+
+
+def budget_scope(key: str) -> str:
+    """The scope of budget ``key``'s token: its ``/invalid`` reports."""
+    return f"budget:{key}"
+
+
+def _allowed(path: str, name: str, scope: str) -> bool:
+    """Whether a token made for ``scope`` may ask ``path`` about ``name``: a handle's
+    token its own versions and payloads; a budget's its reports (and, until budgets carry
+    their own, a handle's token any budget's)."""
+    if path == "/invalid":
+        return scope == budget_scope(name) or scope.startswith("model:")
+    return scope == model_scope(name)
+
+
+def _answer(owner: "Server", path: str, query: dict[str, str], token_scope: str) -> Answer | Later:
+    """The answer to a request that showed a token made for ``token_scope`` (run in
+    the channel's pool)."""
     name = query.get("name", "")
     if not name or len(name) > 256:
         raise Refused(400, "a request names a model (name=)")
+    if not _allowed(path, name, token_scope):
+        raise Refused(403, f"this token is not {name[:100]!r}'s (it is {token_scope[:100]!r}'s)")
     scope = query.get("scope") or None
     if scope is not None and not _SCOPE.fullmatch(scope):
         raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
@@ -133,7 +158,7 @@ class Server:
 
     def __init__(self, host: str, port: int = 0, bind: str | None = None) -> None:
         plan_if_unreachable = _plan_if_unreachable()
-        self.token = secrets.token_urlsafe(24)
+        self._secret = secrets.token_bytes(32)  # never leaves this process: tokens are made of it
         self._lock = threading.Lock()
         self._schedules: dict[str, Schedule] = {}
         self._boundaries: dict[str, Check] = {}
@@ -146,12 +171,19 @@ class Server:
         self._holds = 0  # handles being made (serving): the server stays open for them
         self.closed = False
         remove_stale_folders()
-        self._channel = Channel(_bound(host, port, bind), self.token,
+        self._channel = Channel(_bound(host, port, bind), self._secret,
                                 functools.partial(_answer, self))
-        self.address = Address((host, self._channel.port, self.token, self._channel.fingerprint,
-                                plan_if_unreachable))
+        self.where = (host, self._channel.port)  # what workers connect to
+        self._plan_if_unreachable = plan_if_unreachable
+        self.url = self.address_for("").url
         logger.info("model versions served at %s (TLS certificate sha256 %s)",
-                    self.address.url, self._channel.fingerprint)
+                    self.url, self._channel.fingerprint)
+
+    def address_for(self, scope: str) -> Address:
+        """Where workers ask, with a token for ``scope`` alone (:func:`model_scope`,
+        :func:`budget_scope`)."""
+        return Address((*self.where, scoped_token(self._secret, scope), self._channel.fingerprint,
+                        self._plan_if_unreachable))
 
     def close(self) -> None:
         """Stop answering and remove the folder of payload copies (:func:`close_if_idle`
@@ -474,7 +506,7 @@ def close_if_idle(server: Server) -> bool:
         server.close()
         if _server is server:
             _server = None
-    logger.info("model versions no longer served at %s", server.address.url)
+    logger.info("model versions no longer served at %s", server.url)
     return True
 
 
