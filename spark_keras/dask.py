@@ -17,6 +17,8 @@ Three ways in, from simplest to fastest:
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 from typing import Any, Mapping, Sequence, cast
@@ -38,9 +40,10 @@ from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_in
 from .inference.outputs import flat_columns, flat_dtype, flat_outputs
 from .inference.preprocess import Preprocess
 from .inference.signature import Signature, model_outputs
-from .payload import host_file
+from .payload import digest, host_file
 from .payload.shipment import Shipment
 from .preload import PRELOAD_ENV, preload
+from .private_folder import private_folder
 
 logger = logging.getLogger("spark_keras")
 
@@ -175,11 +178,18 @@ class _ModelPlugin(WorkerPlugin):
     then lets go of its own copy of the payload bytes, so it needs the file to build
     again (after a cache eviction). The file therefore stays while any worker of the
     host holds the plugin (see :func:`.host_file.join`): it goes with the last of them,
-    when the plugin is released or the workers close."""
+    when the plugin is released or the workers close.
+
+    Other users of the host may write the scratch folder (it is often ``/tmp``'s): the
+    payload folder is used only if it is this user's alone, in a folder no other user may
+    write (:func:`.private_folder`; else the worker keeps its own copy, with a warning),
+    and a file found written is mapped only once its SHA-256 is the one fixed on the
+    client as the model was shipped (:func:`.digest.check_file`)."""
 
     def __init__(self, key: str, shipment: Shipment) -> None:
         self.name, self.shipment = key, shipment
         self.nbytes = len(shipment.payload)
+        self.sha256 = hashlib.sha256(shipment.payload).hexdigest()
         self.folder: str | None = None
         self._users: int | None = None  # this worker's share of the host's file
 
@@ -189,6 +199,7 @@ class _ModelPlugin(WorkerPlugin):
         scratch = os.path.dirname(os.path.abspath(worker.local_directory))
         folder = os.path.join(scratch, PAYLOAD_FOLDER)
         try:
+            private_folder(folder, holder=True)
             self._users = host_file.join(folder, self.name)
         except OSError as exc:
             logger.warning("cannot share %s's payload file in %s (%s): worker %s keeps its "
@@ -199,7 +210,9 @@ class _ModelPlugin(WorkerPlugin):
     def build(self) -> tuple:
         if self.folder is None:
             return self.shipment.build()
-        built = self.shipment.build_shared(self.folder, self.name, self.nbytes)
+        verify = functools.partial(digest.check_file, sha256=self.sha256,
+                                   what=f"model {self.name}", where="this host")
+        built = self.shipment.build_shared(self.folder, self.name, self.nbytes, verify=verify)
         self.shipment = self.shipment.without_payload()
         return built
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from distributed import Client, LocalCluster  # noqa: E402
 
 import spark_keras as sk  # noqa: E402
 from spark_keras.cache import read_build_log  # noqa: E402
-from spark_keras.dask import PRELOAD_ENV, predict_dask, ship  # noqa: E402
+from spark_keras.dask import PAYLOAD_FOLDER, PRELOAD_ENV, predict_dask, ship  # noqa: E402
 
 from . import models  # noqa: E402
 from .conftest import REPO_ROOT, builds_by_worker, run_script  # noqa: E402
@@ -298,6 +299,80 @@ def test_the_payload_folder_does_not_shadow_the_installed_package(client, rng):
         for in_worker, fresh, errors in client.run(_package_files).values():
             assert os.path.realpath(in_worker) == real
             assert fresh and os.path.realpath(fresh) == real, errors
+
+
+@contextlib.contextmanager
+def _planted_payload_folder(client):
+    """The workers' payload folder made beforehand by the second user, mode 0777 (what
+    another user of a shared scratch space can do); ours, if earlier tests made it, set
+    aside meanwhile. Yields its path."""
+    from .other_user import give_to_other_user
+
+    scratch = os.path.dirname(next(iter(client.run(_local_directory).values())))
+    folder = os.path.join(scratch, PAYLOAD_FOLDER)
+    aside = f"{folder}.aside-{os.getpid()}"
+    had = os.path.isdir(folder)
+    if had:
+        os.rename(folder, aside)
+    os.mkdir(folder)
+    os.chmod(folder, 0o777)
+    give_to_other_user(folder)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if had:
+            os.rename(aside, folder)
+
+
+def test_a_payload_folder_planted_by_another_user_is_not_used(client, rng):
+    """Another user made the payload folder (0777) and put another model's payload of the
+    same size under the name the workers look for: they refuse the folder (each keeps
+    its own copy of the weights) and score with the shipped model, never with the planted
+    one; nothing of theirs is written into that folder."""
+    from .test_channel_trust import _same_size_other_weights
+
+    model = models.mlp(5, 4, 3)
+    x = rng.standard_normal((4, 5)).astype("float32")
+    expected = np.asarray(model(x))
+    forged = _same_size_other_weights(model)
+    workers = sorted(client.scheduler_info()["workers"])
+    with _planted_payload_folder(client) as folder:
+        with ship(client, model) as handle:
+            planted = os.path.join(folder, f"{handle.key}.skp")
+            with open(planted, "wb") as f:  # under the name the workers look for
+                f.write(forged)
+            os.chown(planted, os.stat(folder).st_uid, os.stat(folder).st_gid)  # the other user's
+            for worker in workers:
+                got, _ = _on(client, worker, _predict_shipped, handle, x)
+                np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+            assert os.listdir(folder) == [f"{handle.key}.skp"], os.listdir(folder)
+            assert os.stat(planted).st_uid == os.stat(folder).st_uid  # still the planted one
+
+
+def test_a_hosts_payload_file_swapped_after_it_was_written_is_refused(client, rng):
+    """The host's payload file, written by the first worker, replaced by another model's
+    payload of the same size: the second worker refuses it by its digest, naming the
+    file, instead of scoring with those weights."""
+    from .test_channel_trust import _same_size_other_weights
+
+    model = models.mlp(5, 4, 3)
+    x = rng.standard_normal((4, 5)).astype("float32")
+    expected = np.asarray(model(x))
+    forged = _same_size_other_weights(model)
+    first, second = sorted(client.scheduler_info()["workers"])[:2]
+    with ship(client, model) as handle:
+        got, _ = _on(client, first, _predict_shipped, handle, x)  # writes the host's file
+        np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+        scratch = os.path.dirname(next(iter(client.run(_local_directory).values())))
+        path = os.path.join(scratch, PAYLOAD_FOLDER, f"{handle.key}.skp")
+        assert os.path.getsize(path) == len(forged)
+        with open(f"{path}.new", "wb") as f:
+            f.write(forged)
+        os.replace(f"{path}.new", path)
+        with pytest.raises(sk.PayloadError, match=f"payload file {path} of model {handle.key} "
+                                                  f"has sha256 .* replaced or altered on this host"):
+            _on(client, second, _predict_shipped, handle, x)
 
 
 def test_loading_failures_raise_in_the_task(client, rng):

@@ -39,7 +39,8 @@ def failing_folder(folder, how: str):
     file size limit on this process (EFBIG) and a read-only folder is mode 0555 (EACCES)."""
     folder = str(folder)
     os.makedirs(folder, exist_ok=True)
-    options = f"size={SMALL}" if how == "full" else "ro,size=64k"
+    # mode 0700: the mount is the payload folder, which must be this user's alone
+    options = f"size={SMALL},mode=0700" if how == "full" else "ro,size=64k,mode=0700"
     if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", folder],
                                             capture_output=True).returncode == 0:
         try:

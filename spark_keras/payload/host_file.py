@@ -22,7 +22,10 @@ Protocol, for processes that may start, die or race at any moment:
   no longer has its name lets it go and takes the new one, so mutual exclusion holds
   across a discard;
 * the folder, the files and their lock and users files are the owner's alone (0700 and
-  0600): the processes sharing them run as one user;
+  0600): the processes sharing them run as one user; a folder found made that is not
+  this user's alone (another owner, group- or other-writable: planted by another user
+  of the host) is refused with :class:`LocalWriteError` naming it
+  (:func:`~spark_keras.private_folder.private_folder`), before anything is read from it;
 * a folder that cannot be written (full, read-only, denied) raises
   :class:`LocalWriteError` naming it, with no temporary file left behind: the caller
   can still build from the payload in memory; a source that fails (the network) raises
@@ -48,6 +51,7 @@ import time
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from ..errors import ArgumentTypeError, LocalWriteError, PayloadError, SparkKerasError
+from ..private_folder import private_folder
 from ..storage import write_atomically
 
 logger = logging.getLogger("spark_keras")
@@ -92,10 +96,10 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
         assert fetch is not None  # one of the two, checked above
         write = functools.partial(_write_fetched, fetch)
     path = path_for(folder, key)
+    private_folder(folder)  # another user's folder is never read from, nor written
     if damaged is None and _complete(path, nbytes):
         return _checked(path, verify)
     with _local_failures(folder, path):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
         with _locked(f"{path}.lock"):
             current = identity(path)
             found = _complete(path, nbytes) and (damaged is None or current != damaged)
@@ -260,7 +264,7 @@ def join(folder: str, key: str, owner: int | None = None) -> int:
     Raises:
         OSError: the folder or the users file cannot be made.
     """
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    private_folder(folder)
     path = users_path(folder, key)
     record = process_identity(owner) if owner is not None else None
     while True:

@@ -16,9 +16,9 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 from .. import flavour
 from ..errors import PayloadError
-from . import format as fmt
-from . import host_file, mapped
+from . import host_file
 from .codec import dumps, load_mapped, loads
+from .digest import verifies
 from .mapped import weight_memory
 from .pickling import referenced_objects
 
@@ -123,7 +123,7 @@ class Shipment:
             return self.build_from_file(path, share_weights=share_weights)
         except PayloadError:
             if host_file.identity(path) == loaded:  # the file this process loaded
-                if loaded is None or _verifies(path):
+                if loaded is None or verifies(path):
                     raise  # the file is sound: the payload itself cannot be loaded here
                 logger.warning("payload file %s is damaged; rewriting it", path)
             # rewritten here, unless another process already replaced it: then that file
@@ -163,14 +163,3 @@ class Shipment:
     def __repr__(self) -> str:
         return f"Shipment({len(self.payload) / 2**20:.1f} MB payload)"
 
-
-def _verifies(path: str) -> bool:
-    """True if the payload file at ``path`` is whole and passes its digest."""
-    view = mapped.map_file(path, copy_on_write=False)
-    try:
-        fmt.unpack(view)
-        return True
-    except PayloadError:
-        return False
-    finally:
-        mapped.close(view)

@@ -36,7 +36,8 @@ from typing import Any, BinaryIO, Callable, cast
 from .. import flavour
 from ..errors import ChannelError, LocalWriteError, PayloadError, SparkKerasError, StorageError
 from ..payload import host_file
-from ..payload.shipment import Shipment, _verifies
+from ..payload.digest import altered, check_file, file_digest, verifies
+from ..payload.shipment import Shipment
 from ..payload.stored import StoredModel
 from .channel_client import DriverBusy
 from .driver_payload import DriverPayload
@@ -342,25 +343,16 @@ class StorageTransport(Transport):
         try:
             self.stored.check(path)
         except PayloadError as exc:
-            if not _verifies(path):
+            if not verifies(path):
                 return  # damaged: its load fails, and it is written again
-            raise _altered(path, f"the model read from {self.stored.uri!r}",
-                           f"is not the payload the driver read ({exc})") from exc
+            raise altered(path, f"the model read from {self.stored.uri!r}",
+                          f"is not the payload the driver read ({exc})") from exc
 
 
 def _from_the_driver(exc: Exception | str) -> None:
     """Log why a worker reads the version its job was planned with from the driver's copy:
     the file in storage was replaced, broken (truncated, damaged) or deleted since."""
     logger.info("%s; reading the version this job was planned with from the driver", exc)
-
-
-def _altered(path: str, what: str, why: str) -> PayloadError:
-    """The refusal of an executor's payload file found written that is not ``what`` but
-    would load (a damaged one is let through: its own digest fails it as it is loaded,
-    and it is written again, :meth:`Shipment.build_shared`)."""
-    return PayloadError(f"the payload file {path} of {what} {why}: it was replaced or altered "
-                        f"on this executor after it was written; refused, nothing was built "
-                        f"from it (remove the file to have it written again)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,11 +390,8 @@ class ServedTransport(Transport):
     def check_file(self, path: str) -> None:
         """Refuse the executor's payload file at ``path`` (found written, before a
         worker builds from it) unless its SHA-256 is the one the driver fixed (see
-        :func:`_altered` for a damaged one)."""
-        found = file_digest(path)
-        if not hmac.compare_digest(found, self.sha256) and _verifies(path):
-            raise _altered(path, f"model {self.name} version {self.index}",
-                           f"has sha256 {found}, not {self.sha256}, the digest the driver fixed")
+        :func:`.digest.check_file` for a damaged one)."""
+        check_file(path, self.sha256, f"model {self.name} version {self.index}")
 
     def write(self, out: Any) -> None:
         """Write the payload into ``out`` (an open file, or a buffer), from its start;
@@ -482,12 +471,6 @@ class _Hashing:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
-
-
-def file_digest(path: str) -> str:
-    """The SHA-256 (hex) of the file at ``path``."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _build_written(recipe: Shipment, key: str, nbytes: int, share_weights: bool,
