@@ -18,7 +18,7 @@ from ..inference.predictor import predictor_for
 from ..inference.preprocess import Preprocess
 from ..inference.signature import Signature, signature_of
 from ..payload.shipment import Shipment
-from . import driver_payload, resources, shipped_objects, task_version, version_server, versions
+from . import driver_payload, exposure, resources, shipped_objects, task_version, version_server, versions
 from .environment import check_environment
 from .transport import ServedTransport, Transport, file_digest, is_connect, transport_for
 
@@ -121,6 +121,7 @@ class BroadcastModel(ModelHandle):
         with version_server.serving(
                 lambda: version_server.driver_host(spark, is_connect(spark)),
                 lambda: version_server.bind_address(spark, is_connect(spark))) as server:
+            exposure.warn_if_exposed(spark)  # the token travels as privately as Spark's RPC
             payload = driver_payload.read(model_or_path, custom_objects, safe_mode,
                                           new_file=server.new_file, ship=ship)
             self._name = self.new_key(payload.model)
