@@ -35,6 +35,9 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
   record are removed. So a reader sees every committed group whole and no row twice; only
   while a group's files are renamed (a few renames) or after a kill in those moments until
   the next ``--resume``, part of one group.
+* A rerun reads back only folders the running user alone writes, takes from a record
+  only names of the form the job writes, and removes or renames only what lies under its
+  folders (:mod:`.score_trust`).
 * The manifest holds the SHA-256 of the model file's bytes, the options that change what
   a row becomes or where it goes (features, output and error columns, id column, resize,
   buckets, on-invalid, version column and label, input format, output format, partition
@@ -63,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from spark_keras import storage
+from spark_keras.jobs import score_trust as trust
 from spark_keras.jobs.score_errors import JobError
 from spark_keras.jobs.score_lease import Leases
 from spark_keras.jobs.score_progress import Heartbeat, Tasks, byte_size, count, eta
@@ -77,7 +81,7 @@ logger = logging.getLogger("spark_keras.jobs.score")
 LOG = "_spark_keras"  # the commit log's folder, inside the output
 MANIFEST = "manifest.json"
 COMMITS = "commits"
-STAGING = "_staging-"
+STAGING = trust.STAGING
 SUCCESS = "_SUCCESS"
 FORMAT = 1  # of the manifest and records
 DEFAULT_COMMIT_BYTES = 2**30
@@ -199,8 +203,10 @@ def _manifest_of(paths: Paths, output: str) -> dict | None:
     top = paths.status(output)
     if top is None:
         return None
+    trust.trusted(paths, output, "output")
     manifest = join(join(output, LOG), MANIFEST)
     if top.is_dir and paths.exists(manifest):
+        trust.trusted(paths, join(output, LOG), "commit log")
         return _read_json(paths, manifest)
     if top.is_dir and all(entry.name == LOG for entry in paths.children(output)):
         return None
@@ -309,23 +315,20 @@ def _begin(plan: Plan) -> dict[int, dict]:
                 paths.delete(root)
         write_whole(paths, join(plan.log, MANIFEST),
                     json.dumps({**plan.manifest, "created": _when(int(time.time() * 1000))}))
+        _trusted(plan)  # made by this run, not by another user in the meantime
         return {}
     return _recover(plan)
 
 
-def _published(index: int, staged: str) -> str:
-    """The output name of a file Spark wrote into a group's staging folder as ``staged``
-    (``k=1/part-0.parquet`` -> ``k=1/g00003-part-0.parquet``)."""
-    folder, _, name = staged.rpartition("/")
-    return f"{folder}/g{index:05d}-{name}" if folder else f"g{index:05d}-{name}"
-
-
-def _staged(published: str) -> str:
-    """The name under its staging folder of a group's output file (:func:`_published`'s
-    inverse)."""
-    folder, _, name = published.rpartition("/")
-    name = name.split("-", 1)[1]
-    return f"{folder}/{name}" if folder else name
+def _trusted(plan: Plan) -> None:
+    """The output and quarantine made if missing; an output, commit log or quarantine the
+    running user does not alone write refused (:func:`~.score_trust.trusted`)."""
+    for key, root in plan.roots():
+        if not plan.paths.exists(root):
+            plan.paths.make_folder(root)
+        trust.trusted(plan.paths, root, "invalid rows' output" if key else "output")
+    trust.trusted(plan.paths, plan.log, "commit log")
+    trust.trusted(plan.paths, join(plan.log, COMMITS), "commit log")
 
 
 def _recover(plan: Plan) -> dict[int, dict]:
@@ -333,36 +336,35 @@ def _recover(plan: Plan) -> dict[int, dict]:
     module docstring), staging folders and temporary files removed, the files of groups
     without a record removed; refuse files nobody committed and committed files gone."""
     paths = plan.paths
+    _trusted(plan)
     commits = join(plan.log, COMMITS)
     records: dict[int, dict] = {}
     moving: dict[int, dict] = {}
     for entry in paths.children(commits) if paths.exists(commits) else []:
         path = join(commits, entry.name)
-        if (found := _RECORD.match(entry.name)) is not None:
-            records[int(found[1])] = _read_json(paths, path)
-        elif (found := _MOVING.match(entry.name)) is not None:
-            moving[int(found[1])] = _read_json(paths, path)
+        if (found := _RECORD.match(entry.name) or _MOVING.match(entry.name)) is not None:
+            record = _read_json(paths, path)
+            trust.check_record(record, int(found[1]), path)
+            (records if found.re is _RECORD else moving)[int(found[1])] = record
         elif _TEMPORARY.match(entry.name):
-            paths.delete(path)
+            trust.remove(paths, commits, entry.name)
     for index, record in sorted(moving.items()):
         if index not in records and _roll_forward(plan, record):
             write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
             records[index] = record
         paths.delete(join(commits, f"g{index:05d}.moving.json"))
     for key, root in plan.roots():
-        if not paths.exists(root):
-            paths.make_folder(root)
         known = {name for record in records.values() for name in record.get(f"{key}files", [])}
         for entry in paths.children(root):
             if entry.name.startswith(STAGING):
-                paths.delete(join(root, entry.name))
+                trust.remove(paths, root, entry.name)
         held = {name for name, _, _ in list_input(paths, root)}
         for name in sorted(held - known):
             found = _GROUP_FILE.match(name.rpartition("/")[2])
             if found is None or int(found[1]) in records:
                 raise JobError(f"output {root!r} holds {name!r}, which its commit log "
                                f"does not know; pass --overwrite to start over")
-            paths.delete(join(root, name))  # a group that was never committed
+            trust.remove(paths, root, name)  # a group that was never committed
         missing = sorted(known - held)
         if missing:
             raise JobError(f"output {root!r} lacks {missing[0]!r} of a committed group; "
@@ -378,27 +380,19 @@ def _roll_forward(plan: Plan, record: dict) -> bool:
     moves = []
     for key, root in plan.roots():
         staging = join(root, record.get(f"{key}staging", ""))
+        trust.trusted(paths, staging, "staging folder")
         for name in record.get(f"{key}files", []):
             target = join(root, name)
             if not paths.exists(target):
-                moves.append((join(staging, _staged(name)), target))
-    if any(not paths.exists(source) for source, _ in moves):
+                moves.append((root, join(staging, trust.staged(name)), target))
+    if any(not paths.exists(source) for _, source, _ in moves):
         for key, root in plan.roots():
             for name in record.get(f"{key}files", []):
-                paths.delete(join(root, name))
+                trust.remove(paths, root, name)
         return False
-    for source, target in moves:
-        _move_into(paths, source, target)
+    for root, source, target in moves:
+        trust.move_into(paths, root, source, target)
     return True
-
-
-def _move_into(paths: Paths, source: str, target: str) -> None:
-    """Rename ``source`` to ``target``, making its folder first when it is a partition's
-    (``k=1/...``)."""
-    folder = target.rpartition("/")[0]
-    if "=" in folder.rpartition("/")[2] and not paths.exists(folder):
-        paths.make_folder(folder)
-    paths.move(source, target)
 
 
 def _commit(plan: Plan, index: int, staging: dict[str, str], record: dict) -> dict:
@@ -411,13 +405,15 @@ def _commit(plan: Plan, index: int, staging: dict[str, str], record: dict) -> di
         folder = staging[key]
         staged = [name for name, _, _ in list_input(paths, folder)]
         record[f"{key}staging"] = folder.rstrip("/").rpartition("/")[2]
-        record[f"{key}files"] = [_published(index, name) for name in staged]
-        moves += [(join(folder, name), join(root, _published(index, name))) for name in staged]
+        record[f"{key}files"] = [trust.published(index, name) for name in staged]
+        moves += [(root, join(folder, name), join(root, trust.published(index, name)))
+                  for name in staged]
     commits = join(plan.log, COMMITS)
     moving = join(commits, f"g{index:05d}.moving.json")
+    trust.check_record(record, index, moving)  # what a rerun takes: the names it writes
     write_whole(paths, moving, json.dumps(record))
-    for source, target in moves:
-        _move_into(paths, source, target)
+    for root, source, target in moves:
+        trust.move_into(paths, root, source, target)
     write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
     paths.delete(moving)
     for folder in staging.values():

@@ -17,6 +17,10 @@ so it works wherever the job writes (local files, HDFS, object stores):
   once: each is written whole). Then the job writes its holder file, waits
   :data:`SETTLE_SECONDS` and lists again: of jobs that claimed the output at the same
   moment, the one whose token sorts first keeps it, the others withdraw and refuse.
+* **Whose it is.** A lease folder another user made (in a shared folder such as ``/tmp``,
+  with a holder naming a process that never ends), or one others can write, is refused
+  naming its owner or mode and the fix (:func:`.score_trust.trusted`), not taken for a
+  live job's.
 * **Holding it.** Before each commit and the ``_SUCCESS`` file the job checks that its
   holder file is still there and the first: a job judged dead by another (beats stalled
   past :data:`STALE_SECONDS`), or one whose claim another's preceded, stops instead of
@@ -35,6 +39,7 @@ import uuid
 from typing import Any, Iterable
 
 from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_trust import trusted
 from spark_keras.spark.paths import Paths, join, write_whole
 
 __all__ = ["Lease", "Leases", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
@@ -95,6 +100,7 @@ class Lease:
         """token -> holder file path, of every job that claims the output now."""
         if not self._paths.exists(self.folder):
             return {}
+        trusted(self._paths, self.folder, f"the lease folder of output {self._output!r},")
         return {e.name[len("holder-"):-len(".json")]: join(self.folder, e.name)
                 for e in self._paths.children(self.folder)
                 if e.name.startswith("holder-") and e.name.endswith(".json")}

@@ -240,6 +240,11 @@ class HadoopPaths:
     def __init__(self, spark: Any) -> None:
         self._spark = spark
 
+    @property
+    def spark(self) -> Any:
+        """The session whose JVM's Hadoop configuration resolves the paths."""
+        return self._spark
+
     def qualify(self, path: str) -> str:
         return path
 

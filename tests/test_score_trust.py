@@ -1,0 +1,327 @@
+"""What the score job trusts when it reads its output back (issue 51): a ``--resume`` run
+refuses an output, commit log, staging folder or quarantine another user made or could
+write, and a commit record naming what the job never writes; a lease folder another user
+made stops the job with a line naming that user, not as a live job's. The planted files
+belong to a real second unix user (tests/other_user.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import spark_keras as sk
+from spark_keras.jobs.score import parse_args
+from spark_keras.jobs.score_errors import JobError, outcome
+from spark_keras.jobs.score_lease import Lease, lease_folder
+from spark_keras.jobs.score_run import score
+from spark_keras.jobs.score_trust import hadoop_owner
+from spark_keras.spark.paths import ArrowPaths, HadoopPaths
+
+from . import models
+from .conftest import REPO_ROOT, run_score_job
+from .other_user import NAME, give_to_other_user, other_user
+
+ROWS = 100  # per input file, one file a group
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+@pytest.fixture(scope="module")
+def made(spark, tmp_path_factory):
+    """Four input files, a model, and a finished resumable output (four groups) with a
+    quarantine (``q``), made by this user."""
+    folder = tmp_path_factory.mktemp("score-trust")
+    (folder / "in").mkdir()
+    for f in range(4):
+        x = np.random.default_rng(f).standard_normal((ROWS, 4)).astype("float32")
+        pq.write_table(pa.table({"id": pa.array(np.arange(f * ROWS, (f + 1) * ROWS), pa.int64()),
+                                 "features": pa.array(list(x), pa.list_(pa.float32()))}),
+                       folder / "in" / f"part-{f}.parquet")
+    sk.save(models.mlp(n_features=4, hidden=8), str(folder / "model.skp"))
+    score(spark, HadoopPaths(spark), job_args(folder, folder / "out", folder / "q"))
+    return folder
+
+
+def job_args(folder, out, q=None):
+    """A ``--resume`` run's options, one input file a group (``q``: the quarantine)."""
+    size = os.path.getsize(folder / "in" / "part-0.parquet")
+    quarantine = ["--on-invalid", "null", "--invalid-output", str(q)] if q else []
+    return parse_args(["--model", str(folder / "model.skp"), "--input", str(folder / "in"),
+                       "--output", str(out), "--features", "features", "--resume",
+                       "--commit-bytes", str(size + 10), *quarantine])
+
+
+def copy(made, tmp_path):
+    """A copy of the made output and quarantine in ``tmp_path`` (``out``, ``q``) and the
+    options to resume it (its manifest names the copy's quarantine)."""
+    out, q = tmp_path / "out", tmp_path / "q"
+    shutil.copytree(made / "out", out, symlinks=True)
+    shutil.copytree(made / "q", q, symlinks=True)
+    manifest = out / "_spark_keras" / "manifest.json"
+    found = json.loads(manifest.read_text())
+    found["options"]["invalid_output"] = str(q)
+    write_json(manifest, found)
+    return out, q, job_args(made, out, q)
+
+
+def write_json(path, found: dict) -> None:
+    """Rewrite a file of the commit log (Hadoop's checksum of the old one removed)."""
+    path.write_text(json.dumps(found))
+    (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
+
+
+def tree(path) -> list[tuple[str, int, int]]:
+    """Every file and folder under ``path``: (path, size, mtime), links not followed."""
+    found = []
+    for root, folders, files in os.walk(path):
+        for name in folders + files:
+            st = os.lstat(os.path.join(root, name))
+            found.append((os.path.relpath(os.path.join(root, name), path), st.st_size,
+                          st.st_mtime_ns))
+    return sorted(found)
+
+
+def moving(out, index: int, **changes) -> dict:
+    """Group ``index`` made a ``.moving`` group (killed while renamed into place), its
+    output files gone and its record changed by ``changes``: the record."""
+    log = out / "_spark_keras" / "commits"
+    record = json.loads((log / f"g{index:05d}.json").read_text())
+    (log / f"g{index:05d}.json").unlink()
+    for name in record["files"]:
+        (out / name).unlink()
+    record.update(changes)
+    write_json(log / f"g{index:05d}.moving.json", record)
+    return record
+
+
+def refusal(spark, args) -> str:
+    with pytest.raises(JobError) as caught:
+        score(spark, HadoopPaths(spark), args)
+    line, status = outcome(caught.value)
+    assert status == 2 and "\n" not in line, line
+    return line
+
+
+# --- item 1: folders the job reads back --------------------------------------------------------
+
+def _group_writable(path) -> None:
+    os.chown(path, -1, other_user().pw_gid)  # a group with another user in it
+    os.chmod(path, 0o775)
+
+
+def _staging_of_another_user(out, q) -> str:
+    """A group killed while renamed into place, one file still in its staging folder,
+    that folder (and the file) the other user's."""
+    log = out / "_spark_keras" / "commits"
+    record = json.loads((log / "g00003.json").read_text())
+    (log / "g00003.json").rename(log / "g00003.moving.json")
+    staging = out / record["staging"]
+    staging.mkdir()
+    kept = record["files"][0]
+    (out / kept).rename(staging / kept.split("-", 1)[1])
+    give_to_other_user(staging)
+    return f"staging folder '{staging}' is owned by user '{NAME}'"
+
+
+UNTRUSTED = {
+    "output of another user": (lambda out, q: give_to_other_user(out),
+                               "output '{out}' is owned by user '" + NAME + "'"),
+    "output writable by others": (lambda out, q: os.chmod(out, 0o777),
+                                  "output '{out}' is writable by others (mode 0777)"),
+    "commit log of another user": (lambda out, q: give_to_other_user(out / "_spark_keras"),
+                                   "commit log '{out}/_spark_keras' is owned by user '"
+                                   + NAME + "'"),
+    "commits folder writable by a group": (
+        lambda out, q: _group_writable(out / "_spark_keras" / "commits"),
+        "commit log '{out}/_spark_keras/commits' is writable by its group (mode 0775)"),
+    "quarantine of another user": (lambda out, q: give_to_other_user(q),
+                                   "invalid rows' output '{q}' is owned by user '" + NAME + "'"),
+    "staging folder of another user": (_staging_of_another_user, None),
+}
+
+
+@pytest.mark.parametrize("case", list(UNTRUSTED))
+def test_a_folder_another_user_made_or_could_write_is_refused_before_it_is_read(
+        spark, made, tmp_path, case):
+    """Each folder a ``--resume`` run reads back, made by the other user or writable by
+    others: exit 2, one line naming the folder, its owner or mode, and the fix; nothing
+    under the output changed (without the check the run resumed it, exit 0)."""
+    out, q, args = copy(made, tmp_path)
+    plant, said = UNTRUSTED[case]
+    said = plant(out, q) or said.format(out=out, q=q)
+    before = tree(tmp_path)
+    line = refusal(spark, args)
+    assert said in line, line
+    assert "nothing was read from it" in line and ("remove it" in line or "chmod go-w" in line)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.slow  # the victim's job as a process of its own: about 40 s
+def test_a_resumable_output_another_user_planted_in_a_shared_folder_is_refused(spark, made,
+                                                                               tmp_path):
+    """The issue's attack: in a sticky folder all write (as /tmp), the other user made
+    the victim's output from public facts (the model's digest, the input files' sizes and
+    times, the options), with two groups committed whose rows it chose (prediction
+    999.0). The victim's documented ``--resume`` run ran to exit 0 with
+    ``rows_skipped=200``; now it stops, exit 2, naming the owner, and takes nothing."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    out = shared / "scored"
+    shutil.copytree(made / "out", out)
+    manifest = out / "_spark_keras" / "manifest.json"
+    found = json.loads(manifest.read_text())
+    found["options"].update(on_invalid="error", invalid_output=None, model_version=None)
+    write_json(manifest, found)
+    log = out / "_spark_keras" / "commits"
+    for index in (2, 3):  # two groups left for the victim to score
+        record = json.loads((log / f"g{index:05d}.json").read_text())
+        (log / f"g{index:05d}.json").unlink()
+        for name in record["files"]:
+            (out / name).unlink()
+    for part in out.glob("g*.parquet"):  # the attacker's predictions
+        table = pq.read_table(part)
+        pq.write_table(table.set_column(table.schema.get_field_index("prediction"), "prediction",
+                                        pa.array([999.0] * table.num_rows, pa.float32())), part)
+    (out / "_SUCCESS").unlink()
+    give_to_other_user(out)
+    before = tree(out)
+    size = os.path.getsize(made / "in" / "part-0.parquet")
+    proc = run_score_job("--model", str(made / "model.skp"), "--input", str(made / "in"),
+                         "--output", str(out), "--features", "features", "--resume",
+                         "--commit-bytes", str(size + 10), "--master", "local[1]")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert f"error: output '{out}' is owned by user '{NAME}', not by '{ME}'" in proc.stderr, \
+        said[-3000:]
+    assert "SCORED" not in proc.stdout
+    assert tree(out) == before
+
+
+# --- item 1: the names a record gives, and paths kept under their folder ------------------------
+
+def _victim(tmp_path, *files: str):
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    for name in files:
+        (victim / name).write_bytes(b"precious")
+    return victim
+
+
+NAMES = {
+    # rolled back (a file in neither place): the other name removed, the victim's folder
+    "a file name climbing out": (
+        lambda out, tmp: dict(files=["g00003-part-gone.parquet", "../victim"]),
+        "names files '../victim', not a name this job writes for group 3"),
+    # rolled forward: a planted file renamed into the victim's folder (a .pth runs at start)
+    "a file renamed out": (
+        lambda out, tmp: dict(files=["../victim/g00003-part-zz-evil.pth"]),
+        "names files '../victim/g00003-part-zz-evil.pth', not a name this job writes"),
+    # rolled forward from the victim's folder into the output
+    "a staging folder outside": (
+        lambda out, tmp: dict(staging="../victim", files=["g00003-part-secret.parquet"]),
+        "names staging '../victim', not a name this job writes for group 3"),
+    # a name the job writes, under a partition folder that is a link out of the output
+    "a partition folder linking out": (
+        lambda out, tmp: dict(files=["g00003-part-gone.parquet",
+                                     "k=9/g00003-part-precious.parquet"]),
+        "/k=9/g00003-part-precious.parquet' is not inside '{out}'"),
+}
+
+
+@pytest.mark.parametrize("case", list(NAMES))
+def test_a_record_naming_what_the_job_never_writes_is_refused(spark, made, tmp_path, case):
+    """A ``.moving`` record (of an output this user owns: copied, restored, damaged)
+    naming a path out of the output: refused, exit 2, before any delete or rename;
+    without the checks the rerun removed the victim's folder, renamed a planted file
+    into it, or took the victim's file into the output."""
+    out, _, args = copy(made, tmp_path)
+    victim = _victim(tmp_path, "g00003-part-precious.parquet", "part-secret.parquet")
+    (out / "victim").mkdir()  # what the renamed-out case's staging name points at
+    (out / "victim" / "part-zz-evil.pth").write_bytes(b"import os")
+    (out / "k=9").symlink_to(victim)
+    record = moving(out, 3)
+    (out / record["staging"]).mkdir()
+    changes, said = NAMES[case]
+    write_json(out / "_spark_keras" / "commits" / "g00003.moving.json",
+               {**record, **changes(out, tmp_path)})
+    before = tree(tmp_path)
+    line = refusal(spark, args)
+    assert said.format(out=out) in line, line
+    assert tree(tmp_path) == before
+    assert sorted(os.listdir(victim)) == ["g00003-part-precious.parquet", "part-secret.parquet"]
+
+
+# --- item 2: the lease ------------------------------------------------------------------------
+
+_TAKE = """
+import sys
+from spark_keras.jobs.score_errors import JobError
+from spark_keras.jobs.score_lease import Lease
+from spark_keras.spark.paths import ArrowPaths
+try:
+    with Lease(ArrowPaths(), sys.argv[1]):
+        print('took', flush=True)
+except JobError as exc:
+    print('refused', exc, flush=True)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("planted", ["of another user", "writable by others"])
+def test_a_lease_folder_another_user_planted_is_refused_naming_its_owner(tmp_path, planted):
+    """The other user made the lease folder of the victim's output with a holder naming
+    pid 1 (alive as long as the host): every run was refused as if a live job held the
+    output. Now the refusal names the folder's owner (or mode) and the fix."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    out = str(shared / "scored")
+    folder = lease_folder(out)
+    os.makedirs(folder)
+    with open(os.path.join(folder, f"holder-{'0' * 28}.json"), "w") as f:
+        json.dump({"host": os.uname().nodename, "pid": 1, "started": "forever"}, f)
+    if planted == "of another user":
+        give_to_other_user(folder)
+        said = f"is owned by user '{NAME}'"
+    else:
+        os.chmod(folder, 0o777)
+        said = "is writable by others (mode 0777)"
+    proc = subprocess.run([sys.executable, "-c", _TAKE, out], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO_ROOT), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"the lease folder of output '{out}', '{folder}' {said}" in proc.stdout, proc.stdout
+    assert "being written by another score job" not in proc.stdout
+
+
+def test_a_lease_made_under_umask_002_is_the_users_own(tmp_path):
+    """A umask of 002 (Ubuntu's for users with a group of their own) makes the lease
+    folder writable by that group, which holds nobody else: not refused."""
+    out = str(tmp_path / "scored")
+    old = os.umask(0o002)
+    try:
+        with Lease(ArrowPaths(), out) as lease:
+            assert os.stat(lease.folder).st_mode & 0o777 == 0o775
+            lease.check()
+    finally:
+        os.umask(old)
+
+
+# --- Hadoop's report of owners ------------------------------------------------------------------
+
+def test_hadoop_reports_a_paths_owner_mode_and_the_running_user(spark, tmp_path):
+    """What the check reads on HDFS, from Hadoop's FileSystem (here its local one)."""
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    os.chmod(folder, 0o757)
+    give_to_other_user(folder)
+    assert hadoop_owner(spark, f"file://{folder}") == (NAME, ME, 0o757, False)
+    assert hadoop_owner(spark, f"file://{tmp_path}/nothing") is None
