@@ -30,7 +30,7 @@ from spark_keras.jobs.score_session import LOG_LEVEL_ENV, classic_session, conne
 from spark_keras.spark.figures import reasons_observed
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
 
-__all__ = ["run", "score"]
+__all__ = ["run", "score", "manifest_options"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
@@ -170,24 +170,34 @@ def _group_reader(spark: Any, paths: Paths, args: argparse.Namespace, fmt: str,
     return read
 
 
-def _plan(paths: Paths, args: argparse.Namespace, df: Any, fmt: str,
-          features: list[str], output: str | None) -> commits.Plan:
+def _features(args: argparse.Namespace) -> list[str]:
+    return [c.strip() for c in args.features.split(",") if c.strip()]
+
+
+def manifest_options(args: argparse.Namespace) -> dict:
+    """What a ``--resume`` run's manifest holds of the options (the keys of
+    :data:`.score_commits.OPTIONS`): those that change what a row becomes or where it goes."""
+    versioned = args.version_col is not None or args.invalid_output is not None
+    return {"features": _features(args), "output_col": args.output_col,
+            "format": _format(args.input, args.format),
+            "on_invalid": args.on_invalid, "error_col": args.error_col,
+            "id_col": args.id_col, "resize": args.resize, "buckets": args.buckets,
+            "version_col": args.version_col,
+            # the label only matters where it is written; BroadcastModel's default is "1"
+            "model_version": None if not versioned
+            else (args.model_version if args.model_version is not None else "1"),
+            "output_format": args.output_format, "partition_by": args.partition_by,
+            "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid}
+
+
+def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -> commits.Plan:
     """The groups of a ``--resume`` run into ``output`` (None: a table this run makes), or
     why its output cannot be resumed (before the model is loaded: the model file's digest
     is its bytes')."""
-    versioned = args.version_col is not None or args.invalid_output is not None
-    options = {"features": features, "output_col": args.output_col, "format": fmt,
-               "on_invalid": args.on_invalid, "error_col": args.error_col,
-               "id_col": args.id_col, "resize": args.resize, "buckets": args.buckets,
-               "version_col": args.version_col,
-               # the label only matters where it is written; BroadcastModel's default is "1"
-               "model_version": None if not versioned
-               else (args.model_version if args.model_version is not None else "1"),
-               "output_format": args.output_format, "partition_by": args.partition_by,
-               "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid}
     with _path_errors():
         return commits.plan(paths, args.input, output,
-                            model_sha256=commits.file_sha256(args.model), options=options,
+                            model_sha256=commits.file_sha256(args.model),
+                            options=manifest_options(args),
                             commit_bytes=args.commit_bytes, overwrite=args.overwrite,
                             spark_files=len(df.inputFiles()),
                             invalid_output=args.invalid_output)
@@ -287,7 +297,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     _check_paths(paths, args)
     fmt = _format(args.input, args.format)
     df = _read(spark, paths, args.input, fmt)
-    features = [c.strip() for c in args.features.split(",") if c.strip()]
+    features = _features(args)
     missing = [c for c in features if c not in df.columns]
     if missing:
         raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
@@ -300,7 +310,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     with _path_errors():
         _check_apart(paths, [("--input", args.input), ("--invalid-output", args.invalid_output),
                              (f"the folder of --output-table {args.output_table!r}", table)])
-    plan = _plan(paths, args, df, fmt, features, args.output or location) \
+    plan = _plan(paths, args, df, args.output or location) \
         if args.resume else None
     try:  # a local path, or a URI the executors read from storage themselves
         with quiet_tensorflow_startup():  # start-up lines the log level hides
