@@ -1,20 +1,34 @@
 """Models for the size of model calls (importable on workers: tests/ is on sys.path there
-too): one that runs out of memory for real (TensorFlow's CPU allocator refuses a tensor
-of 2**60 bytes, more than any address space, with ``tf.errors.ResourceExhaustedError``:
-nothing is allocated), and one that says how many rows each call held."""
+too): one that runs out of memory for real (numpy refuses an array of 2**60 bytes, more
+than any address space, with its ``MemoryError``: nothing is allocated; asked for in the
+model's graph, a ``tf.numpy_function``, it is TensorFlow's own
+``tf.errors.ResourceExhaustedError``), image rows whose conversion does, and one that says
+how many rows each call held.
+
+(Not TensorFlow's allocator: with oneDNN on, its CPU allocator waits 10 s for memory to be
+freed before it refuses, each time: a test of a few calls that run out took minutes.)"""
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import layers
 
-HUGE = 2**58  # float32 values: 2**60 bytes
+from spark_keras.inference.images import ImageRows
+
+HUGE = 2**60  # bytes
+
+
+def allocated(over: np.ndarray) -> np.float32:
+    """0, after allocating :data:`HUGE` bytes if ``over`` (numpy's ``MemoryError``)."""
+    np.empty(HUGE if over else 1, np.uint8)
+    return np.float32(0)
 
 
 @keras.saving.register_keras_serializable(package="spark_keras_tests")
 class OutOfMemoryAbove(layers.Layer):
     """Its input unchanged, but a call of more than ``limit`` rows, or holding a row whose
-    first value is ``hungry`` or more, allocates :data:`HUGE` values in the graph: the
+    first value is ``hungry`` or more, allocates :data:`HUGE` bytes in the graph: the
     call raises TensorFlow's own ``ResourceExhaustedError``. ``counted`` holds the calls
     made and those that ran out of memory (updated before the allocation)."""
 
@@ -38,21 +52,55 @@ class OutOfMemoryAbove(layers.Layer):
         counted = self.counted.assign_add(tf.stack([tf.constant(1, tf.int64),
                                                     tf.cast(over, tf.int64)]))
         with tf.control_dependencies([counted]):
-            size = tf.where(over, tf.constant(HUGE, tf.int64), tf.constant(1, tf.int64))
-            scratch = tf.zeros(tf.reshape(size, [1]), x.dtype)
-        return x + scratch[:1] * 0
+            zero = tf.numpy_function(allocated, [over], tf.float32, stateful=True)
+        return x + tf.cast(tf.reshape(zero, []), x.dtype)
 
     def get_config(self):
         return {**super().get_config(), "limit": self.limit, "hungry": self.hungry}
 
 
-def hungry_mlp(limit: int = 8, hungry: float = 1e6, features: int = 4) -> keras.Model:
+@keras.saving.register_keras_serializable(package="spark_keras_tests")
+class RefusesNegative(layers.Layer):
+    """Its input unchanged, but a call holding a row whose first value is negative raises
+    TensorFlow's ``InvalidArgumentError`` (a failed assertion): a row the model cannot
+    take, not a call too large. Put before :class:`OutOfMemoryAbove`, it raises first."""
+
+    def call(self, x):
+        import tensorflow as tf
+
+        check = tf.debugging.assert_non_negative(x[:, 0], message="a negative first value")
+        with tf.control_dependencies([check]):
+            return tf.identity(x)
+
+
+def hungry_mlp(limit: int = 8, hungry: float = 1e6, features: int = 4,
+               refuse_negative: bool = False) -> keras.Model:
     """An MLP over ``features`` values whose calls of more than ``limit`` rows (or with a
-    row whose first value is ``hungry`` or more) run out of memory."""
+    row whose first value is ``hungry`` or more) run out of memory; with
+    ``refuse_negative``, a call with a row whose first value is negative raises first."""
     keras.utils.set_random_seed(11)
     inp = keras.Input((features,), name="features")
-    x = layers.Dense(8, activation="relu")(OutOfMemoryAbove(limit, hungry, name="oom")(inp))
+    x = RefusesNegative(name="refuse")(inp) if refuse_negative else inp
+    x = layers.Dense(8, activation="relu")(OutOfMemoryAbove(limit, hungry, name="oom")(x))
     return keras.Model(inp, layers.Dense(2)(x), name="hungry_mlp")
+
+
+class HungryImageRows(ImageRows):
+    """Image rows (:class:`ImageRows`, its conversion) whose conversion of more than
+    ``limit`` rows at once, or of a row in ``hungry``, first asks numpy for :data:`HUGE`
+    bytes: numpy's own ``MemoryError``."""
+
+    def __init__(self, pixels: np.ndarray, limit: int, hungry: tuple[int, ...] = ()) -> None:
+        """``pixels``: (n, H, W, C) uint8, as stored (BGR(A))."""
+        n, h, w, c = pixels.shape
+        super().__init__(np.ascontiguousarray(pixels).reshape(-1),
+                         np.arange(n, dtype=np.int64) * (h * w * c), (h, w, c), "float32")
+        self.limit, self._hungry = limit, np.asarray(hungry, np.int64) * (h * w * c)
+
+    def _made(self, starts: np.ndarray) -> np.ndarray:
+        if len(starts) > self.limit or np.isin(starts, self._hungry).any():
+            np.empty(HUGE, np.uint8)
+        return super()._made(starts)
 
 
 def counts(model: keras.Model) -> tuple[int, int]:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import logging
 import types
 
+import keras
 import numpy as np
 import pyarrow as pa
 import pyspark
 import pytest
+from keras import layers
 
 import spark_keras as sk
 from spark_keras.cache import read_build_log
-from spark_keras.errors import ModelCallError
+from spark_keras.errors import ModelCallError, ModelError
 from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import score
+from spark_keras.inference.isolation import RowFailure
 from spark_keras.inference.predictor import Predictor
 
 from . import oom_models
@@ -88,7 +91,7 @@ def test_once_a_size_is_kept_a_row_that_runs_out_alone_is_searched_for(on_invali
                 on_invalid="null", reasons=True)
     assert np.flatnonzero(out.invalid).tolist() == [7, 250]
     for row in (7, 250):
-        assert out.reasons[row].startswith("model: ResourceExhaustedError: OOM when allocating"), \
+        assert out.reasons[row].startswith("model: ResourceExhaustedError: MemoryError: Unable to allocate"), \
             out.reasons[row]
     good = np.delete(bad, [7, 250], axis=0)
     np.testing.assert_allclose(out.outputs[0], alone(model, good, LIMIT), rtol=1e-6, atol=1e-6)
@@ -113,7 +116,7 @@ def test_rows_that_run_out_of_memory_alone_are_blamed_and_nothing_is_kept(on_inv
         out = score(handle, from_arrow(["features"], [column(x)]), batch_size=16,
                     on_invalid="null", reasons=True)
         assert out.invalid.all() and len(out.outputs[0]) == 0
-        assert all(r.startswith("model: ResourceExhaustedError: OOM when allocating")
+        assert all(r.startswith("model: ResourceExhaustedError: MemoryError: Unable to allocate")
                    for r in out.reasons), out.reasons
     assert handle.predictor.call_sizes.info() == {}
 
@@ -133,6 +136,114 @@ def test_a_row_that_runs_out_alone_among_calls_too_large():
                                rtol=1e-6, atol=1e-6)
 
 
+# --- the call after one set aside (issue 51, item 9) ----------------------------------
+# calls above 2 rows run out of memory, batch_size 4: the first call [0, 4) is set aside
+# and the batch's last call fails otherwise (rows: first value 1000 runs out alone, -1 is
+# refused by an assertion): the rows set aside are scored all the same
+LAST_CALL_FAILS = {
+    "runs out alone": (5, {4: 1000.0}),  # [4, 5): a 1-row call that runs out
+    "raises otherwise": (8, {1: 1000.0, 6: -1.0}),  # [4, 8): InvalidArgumentError
+}
+
+
+@pytest.mark.parametrize("case,on_invalid", [("runs out alone", "null"),
+                                             ("raises otherwise", "null"),
+                                             ("raises otherwise", "error")])
+def test_rows_set_aside_are_scored_whatever_the_last_call_does(case, on_invalid):
+    """Before: the loop ended with the last call, the rows set aside never scored (5 rows
+    in, 1 out; 8 in, 4 out with row 1, which runs out alone, never reported; under
+    "error" row 6 was named though row 1 comes first)."""
+    model = oom_models.hungry_mlp(2, HUNGRY, refuse_negative=True)
+    handle = types.SimpleNamespace(predictor=Predictor(model), preprocess=None)
+    n, bad = LAST_CALL_FAILS[case]
+    x = features(n, seed=9)
+    for row, value in bad.items():
+        x[row, 0] = value
+    batch = from_arrow(["features"], [column(x)])
+    if on_invalid == "error":
+        with pytest.raises(ModelCallError, match=r"row 1 of this batch.*ResourceExhaustedError"):
+            score(handle, batch, batch_size=4, on_invalid="error")
+        return
+    out = score(handle, batch, batch_size=4, on_invalid="null", reasons=True)
+    assert np.flatnonzero(out.invalid).tolist() == sorted(bad)
+    for row, value in bad.items():
+        why = ("model: ResourceExhaustedError: MemoryError: Unable to allocate" if value > 0 else
+               "model: InvalidArgumentError: assertion failed: [a negative first value")
+        assert out.reasons[row].startswith(why), out.reasons[row]
+    good = np.delete(x, sorted(bad), axis=0)
+    np.testing.assert_allclose(out.outputs[0], alone(model, good, 1), rtol=1e-6, atol=1e-6)
+
+
+def sequence_model() -> keras.Model:
+    """Sequences of any length of 4 values -> 2 values; a call of more than 2 rows, or
+    holding a row whose first step's values reach HUNGRY, runs out of memory."""
+    keras.utils.set_random_seed(11)
+    inp = keras.Input((None, 4), name="steps")
+    x = layers.GlobalAveragePooling1D()(oom_models.OutOfMemoryAbove(2, HUNGRY, name="oom")(inp))
+    return keras.Model(inp, layers.Dense(2)(layers.Dense(8, activation="relu")(x)))
+
+
+def test_sequences_never_get_another_rows_result():
+    """Variable-length rows: 5 of 3 steps (the last runs out alone) and 2 of 2 steps.
+    Before: the group of 5 came back as the 1-row result of its last call, broadcast to
+    all 5 (rows 0-3 valid, each [0, 0], the failed row's placeholder)."""
+    model = sequence_model()
+    handle = types.SimpleNamespace(predictor=Predictor(model), preprocess=None)
+    rng = np.random.default_rng(2)
+    rows = [rng.uniform(0, 5, (3 if i < 5 else 2, 4)).astype("float32") for i in range(7)]
+    rows[4][0, 0] = 1000.0
+    col = pa.array([r.tolist() for r in rows], pa.list_(pa.list_(pa.float32(), 4)))
+    out = score(handle, from_arrow(["steps"], [col]), batch_size=4, on_invalid="null",
+                reasons=True)
+    assert np.flatnonzero(out.invalid).tolist() == [4]
+    assert out.reasons[4].startswith("model: ResourceExhaustedError: MemoryError: Unable to allocate")
+    want = np.concatenate([model(r[None], training=False).numpy() for i, r in enumerate(rows)
+                           if i != 4])
+    np.testing.assert_allclose(out.outputs[0], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("on_invalid", ["null", "error"])
+def test_a_model_giving_other_than_a_row_per_row_is_refused(on_invalid):
+    """A model whose output is one row per call (a mean over the batch): refused with a
+    ModelError naming the counts, in both modes (before: 3 rows of output for 10)."""
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((4,), name="features")
+    pooled = layers.Lambda(lambda t: keras.ops.mean(t, axis=0, keepdims=True))(inp)
+    model = keras.Model(inp, layers.Dense(2)(pooled))
+    handle = types.SimpleNamespace(predictor=Predictor(model), preprocess=None)
+    with pytest.raises(ModelError, match="returned 1 rows of an output for a call of 4 rows"):
+        score(handle, from_arrow(["features"], [column(features(10, seed=1))]), batch_size=4,
+              on_invalid=on_invalid)
+
+
+# --- image rows whose conversion runs out of memory (issue 51, item 11) ---------------
+
+@pytest.mark.parametrize("failures", [{}, None])
+def test_image_rows_whose_conversion_runs_out_of_memory_are_backed_off(failures):
+    """Image rows made when a call takes them (:class:`ImageRows`, the next call's in the
+    background): converting more than 20 at once, or row 70 at all, raises numpy's
+    MemoryError. Calls shrink as for the model's own (64 -> 32 -> 16, kept); row 70 alone
+    is the failure (recorded, or raised as the RowFailure of row 70); every other row is
+    the model's on its converted image alone. Before: the MemoryError failed the batch."""
+    keras.utils.set_random_seed(12)
+    inp = keras.Input((6, 6, 3), name="image")
+    model = keras.Model(inp, layers.Dense(2)(layers.Flatten()(inp)))
+    stored = np.random.default_rng(6).integers(0, 256, (100, 6, 6, 3), dtype=np.uint8)
+    predictor = Predictor(model)
+    images = oom_models.HungryImageRows(stored, 20, hungry=(70,))
+    if failures is None:
+        with pytest.raises(RowFailure) as raised:
+            predictor([images], 64)
+        assert raised.value.row == 70 and isinstance(raised.value.cause, MemoryError)
+        return
+    got = predictor([images], 64, failures)[0]
+    assert list(failures) == [70] and isinstance(failures[70], MemoryError)
+    assert predictor.call_sizes.info() == {"(6, 6, 3)": 16}
+    rgb = stored[..., ::-1].astype("float32")
+    keep = np.arange(100) != 70
+    np.testing.assert_allclose(got[keep], alone(model, rgb[keep], 1), rtol=1e-6, atol=1e-5)
+
+
 def test_cache_info_and_the_build_log_report_the_size_kept(tmp_path, monkeypatch):
     """A worker's cached model: cache_info()["call_rows_by_key"] and the build log's
     call-rows records name its key, the shape and the size kept."""
@@ -150,7 +261,7 @@ def test_cache_info_and_the_build_log_report_the_size_kept(tmp_path, monkeypatch
         assert sk.cache_info()["call_rows_by_key"][key] == {"(4,)": 32}  # 128 -> 64 ran out
         [record] = [r for r in read_build_log(str(tmp_path), "call-rows") if r["key"] == key]
         assert (record["shape"], record["rows"], record["tried"]) == ("(4,)", 32, 128)
-        assert record["reason"].startswith("ResourceExhaustedError: OOM when allocating")
+        assert record["reason"].startswith("ResourceExhaustedError: MemoryError: Unable to allocate")
         assert [r["key"] for r in read_build_log(str(tmp_path))] == [key]  # builds apart
     finally:
         model_cache.drop(key)

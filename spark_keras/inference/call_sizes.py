@@ -2,21 +2,23 @@
 kept for the process's life.
 
 A call that raises ``tf.errors.ResourceExhaustedError`` (the usual GPU failure) or
-``MemoryError`` (the host) was too large, not fed a bad row. The predictor
-(:meth:`.predictor.Predictor._batched`) makes one more call of as many rows (the next
-ones): if it runs out too, the rows are called again in calls of half as many, and so
-on; the first call that works fixes the size, kept per shape of the rows' inputs
+``MemoryError`` (the host, in the model or while making the call's image rows) was too
+large, not fed a bad row. The predictor (:meth:`.predictor.Predictor._batched`) sets its
+rows aside and makes one more call of as many rows (the next ones): if it runs out too,
+or there is none, the rows are called again in calls of half as many, and so on; the
+first call that works fixes the size, kept per shape of the rows' inputs
 (:class:`CallSizes`, one per predictor: one per model and process). Later batches start
 at that size, so the failed calls are paid once per process and shape, not once per
 batch. Each size kept is logged once (WARNING, logger ``spark_keras``), reported by
 ``cache_info()["call_rows_by_key"]`` and, with ``SPARK_KERAS_BUILD_LOG``, written to the
 build log's folder (:func:`spark_keras.cache.note_call_rows`).
 
-A call that runs out of memory beside one of as many rows that works, or once a size is
-kept, depends on its rows: it is searched like any failure (:mod:`.isolation`), so only
-a row that runs out of memory alone is blamed (one such row does not shrink the size
-kept: the second call tells it apart). If that search scores every row in its smaller
-calls, memory shrank: the largest of them is kept instead.
+A call that runs out of memory beside one that does not (that works, or raises otherwise:
+each is searched), or once a size is kept, depends on its rows: it is searched like any
+failure (:mod:`.isolation`), so only a row that runs out of memory alone is blamed (one
+such row does not shrink the size kept: the second call tells it apart). If that search
+scores every row in its smaller calls, memory shrank: the largest of them is kept
+instead.
 """
 
 from __future__ import annotations

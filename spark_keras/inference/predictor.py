@@ -203,56 +203,58 @@ class Predictor:
         """The outputs of the rows of ``arrays`` (of one shape per input) in calls of
         ``batch_size`` rows, or of the fewer rows calls of their shape were held to after a
         larger one ran out of memory (:mod:`.call_sizes`). A call that runs out of memory
-        is followed by one more call of as many rows: if that one runs out too, the rows
-        are called again in calls of half as many; if it works, that size fits and the
-        first call's rows are searched (:meth:`_searched`). A call that raises otherwise is
-        searched for the rows that raise."""
+        (in the model, or making its rows) at a size not known to fit is set aside: if the
+        next call of as many rows runs out too (or there is none), both calls' rows go
+        again in calls of half as many; else the rows set aside are searched
+        (:meth:`_searched`), whatever that call did. A call that raises otherwise is
+        searched for the rows that raise. Each call's outputs have a row per row."""
         n = len(arrays[0]) if arrays else 0
+        if not n:  # one call of no rows: the outputs' shapes
+            return _one_per_row(self._call([np.asarray(a) for a in arrays]), 0)
         key, sizes = shape_key(arrays), self.call_sizes
         size = sizes.start(key, batch_size)
         parts: list[tuple[int, int, Isolated[list[np.ndarray]] | list[np.ndarray]]] = []
-        pending: list[tuple[int, int, BaseException]] = []  # ran out, at a size not known to fit
+        aside: tuple[int, int, BaseException] | None = None  # ran out, at a size not known to fit
         tried: tuple[int, BaseException] | None = None  # the first call that ran out
         # inputs made when sliced (image rows): the next call's made while this one computes
         ahead = Ahead(arrays) if on_demand(arrays) else None
         i = 0
-        while True:
+        while i < n:
             stop = min(i + size, n)
-            chunk: Sequence[np.ndarray]
-            if ahead is not None:
-                chunk = ahead.take(i, stop)
-                ahead.prepare(stop, min(stop + size, n))
-            else:
-                chunk = arrays if stop - i == n else [a[i:stop] for a in arrays]
+            failed: BaseException | None = None
             try:
-                got: Isolated[list[np.ndarray]] | list[np.ndarray] = self._call(chunk)
+                chunk: Sequence[np.ndarray]
+                if ahead is not None:
+                    chunk = ahead.take(i, stop)
+                    ahead.prepare(stop, min(stop + size, n))
+                else:
+                    chunk = arrays if stop - i == n else [a[i:stop] for a in arrays]
+                got = self._call(chunk)
             except Exception as exc:  # a row the model cannot take, perhaps: find it
-                if out_of_memory(exc) and stop - i > 1 and not sizes.worked(key, stop - i):
-                    tried = tried or (stop - i, exc)
-                    if not pending and stop < n:  # too many rows, or these rows? once more
-                        pending.append((i, stop, exc))
-                        i = stop
-                    else:  # twice at this size: the same rows again, in smaller calls
-                        first, last = pending[0][:2] if pending else (i, stop)
-                        i, size = first, (last - first + 1) // 2
-                        pending.clear()
-                    continue
-                got = self._searched(arrays, i, stop, exc, failures, key)
+                failed = exc
+            if failed is not None and out_of_memory(failed) and stop - i > 1 \
+                    and not sizes.worked(key, stop - i):
+                tried = tried or (stop - i, failed)
+                if aside is None and stop < n:  # too many rows, or these rows? once more
+                    aside, i = (i, stop, failed), stop
+                else:  # twice at this size (or no next call): the rows in smaller calls
+                    first, last = aside[:2] if aside is not None else (i, stop)
+                    i, size, aside = first, (last - first + 1) // 2, None
+                continue
+            if aside is not None:  # ran out beside a call that did not: its rows' doing
+                parts.append((*aside[:2], self._searched(arrays, *aside, failures, key)))
+                aside, size = None, sizes.start(key, size)
+            if failed is not None:
+                parts.append((i, stop, self._searched(arrays, i, stop, failed, failures, key)))
                 size = sizes.start(key, size)
             else:
+                parts.append((i, stop, _one_per_row(got, stop - i)))
                 if tried is not None and stop - i == size:  # a size that fits
                     size, tried = sizes.fitted(self.model, key, size, *tried), None
-                parts += [(a, b, self._searched(arrays, a, b, exc, failures, key))
-                          for a, b, exc in pending]  # ran out beside a call that worked
-                pending.clear()
-            parts.append((i, stop, got))
             i = stop
-            if i >= n:
-                break
-        parts.sort(key=lambda part: part[0])
-        # a call's outputs are the template of the rows that failed (their zeros): of a
-        # chunk whose every row failed, another chunk's (a per-step output's shape is only
-        # known from a call)
+        # (parts come in row order) a call's outputs are the template of the rows that
+        # failed (their zeros): of a chunk whose every row failed, another chunk's (a
+        # per-step output's shape is only known from a call)
         template = next((p for _, _, p in parts if not isinstance(p, Isolated)),
                         next((p.parts[0][2] for _, _, p in parts
                               if isinstance(p, Isolated) and p.parts), None))
@@ -280,7 +282,8 @@ class Predictor:
         memory is searched whole too (its rows' results kept): only a row that runs out
         alone is raised."""
         def call(ranges: Ranges) -> list[np.ndarray]:
-            return self._call([_rows(x, ranges) for x in arrays])
+            return _one_per_row(self._call([_rows(x, ranges) for x in arrays]),
+                                sum(b - a for a, b in ranges))
 
         if failures is None and not out_of_memory(exc):
             first = first_failure(call, start, stop, exc)
@@ -354,6 +357,17 @@ def _rows(x: np.ndarray, ranges: Ranges) -> np.ndarray:
     if len(ranges) == 1:
         return x[ranges[0][0]:ranges[0][1]]
     return np.concatenate([x[a:b] for a, b in ranges])
+
+
+def _one_per_row(outputs: list[np.ndarray], rows: int) -> list[np.ndarray]:
+    """A call's ``outputs`` for ``rows`` rows, refused unless each has a row per row (one
+    row's result is never broadcast to others)."""
+    wrong = [len(out) if np.ndim(out) else "no" for out in outputs if np.ndim(out) == 0
+             or len(out) != rows]
+    if wrong:
+        raise ModelError(f"the model returned {wrong[0]} rows of an output for a call of "
+                         f"{rows} rows: each output must have one row per input row")
+    return outputs
 
 
 def _split(outputs: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarray]]:
