@@ -46,6 +46,9 @@ BATCH_SIZE = 64
 DISTINCT = 64  # distinct images; rows repeat them
 PARTITIONS = 4
 TARGET = 0.9
+# the predictions check's tolerance, of the largest prediction (measured: 1e-6 between call
+# sizes; the logits of two images differ by ~0.1 of it)
+CHECK_TOLERANCE = 1e-3
 ALONE, ROWS, PNG = ("model alone (2 processes, decoded float32 arrays)",
                     "transform, Spark image rows", "transform, PNG bytes")
 MODES = (ALONE, ROWS, PNG)
@@ -144,7 +147,9 @@ def _frames(spark, pngs: list[bytes], rows: int, folder: str) -> tuple[Any, Any]
 
 def _check(bm, df, column: str, expected: np.ndarray, name: str) -> None:
     """The transform's predictions on every 20th row are the model alone's on the same
-    image (float tolerance: other call sizes)."""
+    image, within :data:`CHECK_TOLERANCE` of the largest (other call sizes round
+    differently). Relative: the random-weight logits are about 1e-11, so an absolute
+    tolerance of 1e-3 passed predictions of all zeros or of another image."""
     from .harness import sample
 
     got = bm.transform(sample(df), column, batch_size=BATCH_SIZE).select("id", "prediction").toArrow()
@@ -152,9 +157,10 @@ def _check(bm, df, column: str, expected: np.ndarray, name: str) -> None:
     values = np.stack(got.column("prediction").to_numpy(zero_copy_only=False))
     want = expected[ids % len(expected)]
     assert len(ids) == len(sample_ids(df)), (name, len(ids))
-    if not np.allclose(values, want, rtol=1e-3, atol=1e-3):
-        worst = float(np.abs(values - want).max())
-        raise AssertionError(f"{name}: predictions differ from the model alone's (max |diff| {worst})")
+    worst, scale = float(np.abs(values - want).max()), float(np.abs(want).max())
+    if not worst <= CHECK_TOLERANCE * scale:
+        raise AssertionError(f"{name}: predictions differ from the model alone's (max |diff| "
+                             f"{worst}, the largest prediction {scale})")
 
 
 def sample_ids(df) -> list[int]:
