@@ -44,6 +44,7 @@ class _Entry:
     nbytes: int
     memory: dict[str, Any] = field(default_factory=dict)  # shared/private weight bytes
     placement: dict[str, Any] = field(default_factory=dict)  # device, task CPUs, threads
+    call_rows: dict[str, int] = field(default_factory=dict)  # shape -> rows per call kept
 
 
 class ModelCache:
@@ -108,6 +109,15 @@ class ModelCache:
         """The key of the entry holding ``model`` (None: not cached here)."""
         with self._lock:
             return next((k for k, e in self._entries.items() if e.value is model), None)
+
+    def keep_call_rows(self, model: Any, shape: str, rows: int) -> str | None:
+        """Record that ``model``'s calls on rows of ``shape`` are held to ``rows`` rows (see
+        :mod:`spark_keras.inference.call_sizes`); its key (None: not cached here)."""
+        with self._lock:
+            key = next((k for k, e in self._entries.items() if e.value is model), None)
+            if key is not None:
+                self._entries[key].call_rows[shape] = rows
+            return key
 
     def _hit(self, key: str) -> _Entry | None:
         entry = self._entries.get(key)
@@ -188,9 +198,6 @@ class ModelCache:
 
     def info(self) -> dict[str, Any]:
         with self._lock:
-            models = {k: e.value for k, e in self._entries.items()}
-        call_rows = _call_rows(models)
-        with self._lock:
             return {
                 "pid": os.getpid(),
                 "builds": sum(self._builds.values()),
@@ -201,7 +208,7 @@ class ModelCache:
                 "keys": list(self._entries),
                 "memory_by_key": {k: dict(e.memory) for k, e in self._entries.items()},
                 "placement_by_key": {k: dict(e.placement) for k, e in self._entries.items()},
-                "call_rows_by_key": call_rows,
+                "call_rows_by_key": {k: dict(e.call_rows) for k, e in self._entries.items() if e.call_rows},
                 "bytes": self._total_bytes(),
                 "build_seconds": sum(self._build_seconds.values()),
                 "max_entries": self.max_entries,
@@ -215,21 +222,11 @@ def _device_keys(keys: Any, key: str) -> list[str]:
     return [k for k in keys if k == key or k.startswith(f"{key}@")]
 
 
-def _call_rows(models: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """Per cached model, the call sizes its predictor kept (only those that kept some)."""
-    if not models:
-        return {}
-    from .inference.predictor import call_rows_of  # Keras is loaded: models are cached
-
-    found = {key: call_rows_of(model) for key, model in models.items()}
-    return {key: rows for key, rows in found.items() if rows}
-
-
 def note_call_rows(model: Any, record: dict[str, Any]) -> str | None:
     """Write ``record`` (a call size ``model`` was held to: ``shape``, ``rows``, ``tried``,
     ``reason``) to the build log's ``call-rows`` file, with the model's cache key; the key
     (None: the model is not cached here, a driver's own model say)."""
-    key = model_cache.key_of(model)
+    key = model_cache.keep_call_rows(model, record["shape"], record["rows"])
     _log_record("call-rows", {"key": key, "model": getattr(model, "name", None), **record})
     return key
 

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..cache import note_call_rows
 from .isolation import reason_text
 
 logger = logging.getLogger("spark_keras")
@@ -88,8 +89,6 @@ class CallSizes:
             if self._rows.get(key, rows + 1) <= rows:
                 return self._rows[key]
             self._rows[key] = rows
-        from ..cache import note_call_rows  # the cache imports no inference module
-
         shape, why = shape_text(key), reason_text(exc)
         cache_key = note_call_rows(model, {"shape": shape, "rows": rows, "tried": tried,
                                            "reason": why})

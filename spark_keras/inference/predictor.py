@@ -399,9 +399,3 @@ def predictor_for(model: Any) -> Predictor:
                 object.__setattr__(model, _ATTR, predictor)
     return predictor
 
-
-def call_rows_of(model: Any) -> dict[str, int]:
-    """The call sizes ``model``'s predictor kept after calls ran out of memory (shape ->
-    rows per call, :mod:`.call_sizes`); empty when none did, or it has no predictor."""
-    predictor = getattr(model, "__dict__", {}).get(_ATTR)
-    return predictor.call_sizes.info() if predictor is not None else {}
