@@ -12,9 +12,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.errors import InvalidRowsError
-from spark_keras.spark import budget_ledger, channel_client
-from spark_keras.spark.channel_server import Refused
-from spark_keras.spark.versions import active_context
+from spark_keras.spark import budget_ledger, channel_client, job_budget, version_server
 
 from .models import mlp
 
@@ -22,16 +20,16 @@ N_FEATURES = 4
 PARTITIONS, ROWS = 8, 500
 
 
-def frame(spark, bad: list[int]):
-    """``id long, features array<double>``: PARTITIONS partitions of ROWS rows each (ids in
-    order), the first ``bad[p]`` rows of partition ``p`` NaN (invalid)."""
+def frame(spark, bad: list[int], rows: int = ROWS):
+    """``id long, features array<double>``: ``len(bad)`` partitions of ``rows`` rows each
+    (ids in order), the first ``bad[p]`` rows of partition ``p`` NaN (invalid)."""
     from pyspark.sql import functions as F
 
-    part = F.floor(F.col("id") / ROWS).cast("int")
+    part = F.floor(F.col("id") / rows).cast("int")
     bad_here = F.element_at(F.array(*[F.lit(b) for b in bad]), part + 1)
-    value = F.when(F.col("id") % ROWS < bad_here, F.lit(float("nan"))) \
-        .otherwise(F.col("id").cast("double") / (PARTITIONS * ROWS))
-    return spark.range(0, PARTITIONS * ROWS, 1, PARTITIONS) \
+    value = F.when(F.col("id") % rows < bad_here, F.lit(float("nan"))) \
+        .otherwise(F.col("id").cast("double") / (len(bad) * rows))
+    return spark.range(0, len(bad) * rows, 1, len(bad)) \
         .withColumn("features", F.array(*[value] * N_FEATURES))
 
 
@@ -69,6 +67,10 @@ def test_a_count_passed_by_many_tasks_each_under_it_aborts(spark, bm):
     assert "the first: column 'features': NaN" in str(raised.value)
     with pytest.raises(Exception, match=r"max_invalid=20 passed: 2[1-4] of"):
         df.select(bm.predict_udf(on_invalid="null", max_invalid=20)("features")).collect()
+    with pytest.raises(Exception, match=r"max_invalid=20 passed: 2[1-4] of"):  # the handle's
+        df.select("features").rdd.mapPartitions(  # token, its budget p.<handle>.20
+            lambda rows: bm.predict_partition([r[0] for r in rows], on_invalid="null",
+                                              max_invalid=20)).collect()
     with pytest.raises(sk.ArgumentError, match="max_invalid_scope"):
         bm.transform(df, "features", on_invalid="null", max_invalid=2, max_invalid_scope="job")
 
@@ -101,62 +103,113 @@ def test_rows_scored_twice_in_one_action_count_once(spark, bm):
     assert len(kept.collect()) == 24
 
 
-def test_the_ledger_counts_each_partition_once_and_is_bounded(spark, monkeypatch):
-    """The driver's ledger itself: two attempts of one partition (a retry, a speculative
-    copy) count once, their furthest; two stages count as the larger; a fraction waits for
-    the stage's number of tasks; past MAX_PARTITIONS a task counts alone; malformed
-    reports are refused."""
-    ledger = budget_ledger.Ledger()
-    context = active_context()
-    budget_ledger.stage_tasks.learn(context, 900_001, 2)
-
-    def report(partition, attempt, rows, invalid, limit="5", final=False, stage=900_001,
-               key="k", reasons=()):
-        return ledger.answer(budget_ledger.Report(key, "sql:77", stage, partition, attempt, rows,
-                                                  invalid, float(limit) if "." in limit
-                                                  else int(limit), final, tuple(reasons)))
-
-    assert "passed" not in report(0, 0, 100, 3, reasons=["row 1 NaN"])
-    assert "passed" not in report(0, 1, 100, 3)  # its retry: still 3
-    assert "passed" not in report(0, 1, 200, 5)  # further: 5
-    answer = report(1, 0, 10, 1, reasons=["row 9 NaN"])
-    assert answer["passed"].startswith("max_invalid=5 passed: 6 of 210 rows (2.86%) scored by "
-                                       "the tasks of SQL execution 77 were invalid so far; "
-                                       "the first: row 1 NaN; row 9 NaN")
-    assert report(1, 1, 0, 0)["passed"] == answer["passed"]  # every later report of it
-    # another stage scoring the rows again (or some of them) counts as the largest stage
-    assert "passed" not in report(0, 0, 100, 3, key="s")
-    assert "passed" not in report(0, 0, 100, 3, key="s", stage=900_003)
-    assert "passed" not in report(1, 0, 100, 2, key="s", stage=900_003)  # 5 in that stage
-    assert "passed" in report(1, 0, 100, 3, key="s", stage=900_003)
-    # a fraction: judged once both tasks of the stage reported their last batch
-    assert report(0, 0, 100, 50, limit="0.1", final=True, key="f") == {"reasons": True}
-    assert "passed" in report(1, 0, 100, 0, limit="0.1", final=True, key="f")
-    assert "passed" not in report(1, 0, 100, 0, limit="0.1", final=True, key="g")
-    assert "passed" not in report(0, 0, 900, 50, limit="0.1", final=True, key="g")  # 5%
-    assert report(0, 0, 100, 50, limit="0.1", final=True, key="h", stage=900_002) \
-        == {"reasons": True, "pending": budget_ledger.PENDING_RETRY}  # its tasks unknown
-    monkeypatch.setattr(budget_ledger, "MAX_PARTITIONS", 2)
-    assert "alone" in report(2, 0, 1, 0, key="g")
-    for bad in ({"name": "k"}, {"name": "k", "task": "1.2.3", "counts": "1.2", "limit": "1",
-                                "final": "0"},
-                {"name": "k", "task": "1.2.3", "counts": "2.1", "limit": "1.5", "final": "0"}):
-        with pytest.raises(Refused):
-            budget_ledger.Report.parse(bad, "sql:1")
-    assert budget_ledger.Report.parse({"name": "k", "task": "1.2.3", "counts": "2.1",
-                                       "limit": "1e-05", "final": "1",
-                                       "reasons": '["x"]'}, "sql:1").limit == 1e-05
+def new_budget(make):
+    """``(make()'s value, the key of the budget it registered, that budget's address)``."""
+    before = set(budget_ledger.ledger._budgets)
+    made = make()
+    (key,) = set(budget_ledger.ledger._budgets) - before
+    return made, key, version_server._server.address_for(version_server.budget_scope(key))
 
 
-def test_a_report_needs_the_drivers_token(spark, bm):
-    """Reports are authenticated as the version requests are: a wrong token is refused."""
-    forged = channel_client.Address((bm._versions.host, bm._versions.port, "not-the-token",
-                                     bm._versions.fingerprint))
-    fields = {"name": "k", "scope": "sql:1", "task": "1.0.0", "counts": "10.10",
-              "limit": "1", "final": "0"}
+def reporting_first(address, key: str, counts: str):
+    """A ``mapInPandas`` function that reports ``counts`` (a forger's report: ``limit=1e17``)
+    for budget ``key`` in its task's scope, stage and partition, then passes its rows on."""
+    def run(batches):
+        from pyspark import TaskContext
+
+        from spark_keras.spark import channel_client
+        from spark_keras.spark.task_version import task_scope
+
+        context = TaskContext.get()
+        channel_client.report(address, {
+            "name": key, "scope": task_scope()[1], "counts": counts, "limit": "1e17",
+            "final": "0", "task": f"{context.stageId()}.{context.partitionId()}.0"})
+        yield from batches
+
+    return run
+
+
+def test_a_report_names_its_budget_and_a_running_stage_never_its_limit(spark, bm):
+    """Issue 51 item 5, over the real channel with the budget's own token: a report that
+    says ``limit=1e17`` before the budget's tasks report changes nothing (the driver's
+    registered limit decides: 24 invalid rows pass 20); a report naming a stage that
+    does not run (ended, never made) is refused; a budget the driver never registered is
+    refused; a handle's token reports no budget but its ``predict_partition``'s."""
+    df = frame(spark, [3] * PARTITIONS)
+    column, key, address = new_budget(
+        lambda: bm.predict_udf(on_invalid="null", max_invalid=20)("features").alias("prediction"))
+    forged = df.mapInPandas(reporting_first(address, key, "0.0"), df.schema)
+    with pytest.raises(Exception, match=r"max_invalid=20 passed: 2[1-4] of"):
+        forged.select("id", column).collect()
+    tracker = spark.sparkContext.statusTracker()
+    ended = max(tracker.getJobInfo(max(tracker.getJobIdsForGroup(None))).stageIds)
+    fields = {"name": key, "scope": "sql:1", "counts": "1000000.1000000", "limit": "1",
+              "final": "1"}
+    for stage in (ended, 10**8):
+        with pytest.raises(sk.SparkKerasError, match=f"409.*stage {stage} does not run"):
+            channel_client.report(address, {**fields, "task": f"{stage}.0.0"})
+    clean = frame(spark, [0] * PARTITIONS)  # passes: no forged count was kept
+    assert clean.select("id", column).where("prediction is null").count() == 0
+    unknown = version_server._server.address_for(version_server.budget_scope("never-made"))
+    with pytest.raises(sk.SparkKerasError, match="404"):
+        channel_client.report(unknown, {**fields, "name": "never-made", "task": "1.0.0"})
+    wrong = channel_client.Address((*address[:2], "not-the-token", *address[3:]))
     with pytest.raises(sk.SparkKerasError, match="403"):
-        channel_client.report(forged, fields)
-    assert "passed" in channel_client.report(bm._versions, fields)
+        channel_client.report(wrong, {**fields, "task": "1.0.0"})
+    for name in (key, f"p.another-handle.{20!r}"):  # a handle's token: its own budgets only
+        with pytest.raises(sk.SparkKerasError, match="403"):
+            channel_client.report(bm._versions, {**fields, "name": name, "task": "1.0.0"})
+
+
+def reporting_others(limits):
+    """A ``mapInPandas`` function whose tasks first report, for each of ``limits`` (other
+    budgets of this driver), a last batch with no rows, then pass their rows on."""
+    def run(batches):
+        from spark_keras.spark import job_budget
+
+        for limit in limits:
+            job_budget.budget_of(limit).finish()
+        yield from batches
+
+    return run
+
+
+def test_other_budgets_reporting_during_an_action_leave_its_count(spark, bm):
+    """Issue 51 item 6: 65 other budgets report in each task of an action (as 65
+    micro-batches of a stream would on the same driver) before its scoring does: the
+    action's count is kept whole, and 8 tasks of 3 invalid rows pass max_invalid=20 (the
+    ledger kept 64 counts: the action's was dropped and restarted, and the job passed)."""
+    others = [job_budget.limit_for(bm, 5) for _ in range(65)]
+    df = frame(spark, [3] * PARTITIONS)
+    busy = df.mapInPandas(reporting_others(others), df.schema)
+    with pytest.raises(Exception) as raised:
+        bm.transform(busy, "features", on_invalid="null", max_invalid=20).collect()
+    limit, invalid, rows = passed(raised.value)
+    assert limit == "20" and 20 < invalid <= 24, (invalid, rows)
+
+
+def test_a_fraction_is_judged_on_the_tasks_that_score_with_it(spark, bm):
+    """Issue 51 item 10: a stage some of whose tasks do not score with the budget (a union
+    with unscored rows; a union of two transforms) is judged on the tasks that did: 400
+    of 400 scored rows invalid pass max_invalid=0.1 (the fraction was never judged: the
+    job passed); 30 of 400 (one partition 30% invalid) do not (each task alone would)."""
+    from pyspark.sql import functions as F
+
+    def scored(bad):
+        return bm.transform(frame(spark, bad, rows=100), "features", on_invalid="null",
+                            max_invalid=0.1)
+
+    unscored = frame(spark, [0] * 4, rows=100) \
+        .withColumn("prediction", F.lit(None).cast(scored([0]).schema["prediction"].dataType))
+    with pytest.raises(Exception) as raised:
+        scored([100] * 4).unionByName(unscored).collect()
+    assert passed(raised.value) == ("0.1", 400, 400)
+    assert "in all (the 4 of the 8 tasks of stage" in str(raised.value)
+    with pytest.raises(Exception) as raised:
+        scored([100] * 4).unionByName(scored([100] * 4)).collect()
+    assert passed(raised.value) == ("0.1", 400, 400)
+    mixed = scored([30, 0, 0, 0]).unionByName(unscored).collect()
+    assert len(mixed) == 800 and sum(r.prediction is None for r in mixed) == 430
 
 
 def test_outside_a_task_a_call_counts_alone(bm):

@@ -6,7 +6,6 @@ as an Arrow column, a pandas column or one value per row."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
@@ -435,9 +434,7 @@ def predict_rows(handle: ModelHandle, rows: Iterable[Any], *, batch_size: int,
     check_on_invalid(on_invalid)
     batch_size = check_batch_size(batch_size)
     limit = check_max_invalid(max_invalid, on_invalid)
-    shared = hashlib.sha256(f"{handle.key} {limit!r}".encode()).hexdigest()[:24]
-    budget = job_budget.budget_of(job_budget.limit_for(  # made in the task: a key all share
-        handle, limit, max_invalid_scope, key=f"partitions-{shared}"))
+    budget = job_budget.budget_of(job_budget.partition_limit(handle, limit, max_invalid_scope))
     handle = handle.for_task()  # one version for the whole partition
     buckets = bucketing.checked(handle, buckets)
     signature = handle.predictor.signature  # this process's model's (input names)

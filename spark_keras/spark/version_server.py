@@ -110,11 +110,17 @@ def budget_scope(key: str) -> str:
 
 def _allowed(path: str, name: str, scope: str) -> bool:
     """Whether a token made for ``scope`` may ask ``path`` about ``name``: a handle's
-    token its own versions and payloads; a budget's its reports (and, until budgets carry
-    their own, a handle's token any budget's)."""
+    token its own versions and payloads, and its ``predict_partition`` budgets' reports
+    (``p.<handle>.<limit>``); a budget's its reports."""
     if path == "/invalid":
-        return scope == budget_scope(name) or scope.startswith("model:")
+        handle = _handle_of(scope)
+        return scope == budget_scope(name) or (handle is not None and name.startswith(f"p.{handle}."))
     return scope == model_scope(name)
+
+
+def _handle_of(scope: str) -> str | None:
+    """The handle whose token was made for ``scope`` (None: not a handle's)."""
+    return scope[len("model:"):] if scope.startswith("model:") else None
 
 
 def _answer(owner: "Server", path: str, query: dict[str, str], token_scope: str) -> Answer | Later:
@@ -130,7 +136,7 @@ def _answer(owner: "Server", path: str, query: dict[str, str], token_scope: str)
         raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
                            f"sql:<execution id> or stage:<stage id>)")
     if path == "/invalid":  # a task's invalid rows (name: the budget's key)
-        return Answer(json.dumps(budget_ledger.answer(query, scope)).encode())
+        return Answer(json.dumps(budget_ledger.answer(query, scope, _handle_of(token_scope))).encode())
     if path == "/resolve":
         checking = owner.checking(name, scope)  # a watched file's check, off the pool
         if checking is not None:
