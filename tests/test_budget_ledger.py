@@ -91,7 +91,7 @@ def test_the_ledger_counts_each_partition_once_in_a_running_stage(spark, tmp_pat
         assert ledger.limit_of("p.Model-1.1.5", handle="Model-1") is None  # not a limit
     for never in (stage, 10**8):  # ended; never made
         with pytest.raises(Refused, match=f"stage {never} does not run"):
-            reporter(ledger, never)("k", 0, 1, 1)
+            reporter(ledger, never)("g", 0, 1, 1)
     for bad in ({"name": "k"}, {"name": "k", "task": "1.2.3", "counts": "1.2", "final": "0"}):
         with pytest.raises(Refused, match="a report has name=|more invalid rows than rows"):
             Report.parse(bad, "sql:1")
@@ -125,7 +125,7 @@ def test_a_full_ledger_makes_a_budget_count_alone_and_never_resets_it(
         assert "passed" in report("c", 1, 10, 0)
     monkeypatch.setattr(budget_ledger, "IDLE", 0.0)
     with running_stage(spark, tmp_path / "two", 8) as other:
-        for partition in range(3):  # the ended action's counts go to make room
+        for partition in range(4):  # the ended action's counts go to make room
             assert reporter(ledger, other, "sql:78")("d", partition, 10, 3) == {"reasons": True}
     report = reporter(ledger, other)  # the ended action's budgets: their verdicts stay
     assert "passed" in report("c", 2, 10, 0)

@@ -103,18 +103,15 @@ class Ledger:
         context = active_context()
         scope = in_context(report.scope, context) or report.scope
         where = (report.key, scope)
-        with self._lock:
-            ended = self._ended.get(where)
-        if ended is not None:
-            return self._verdict(ended, where)
+        with self._lock:  # a verdict stays, whatever the report
+            known = self._ended.get(where) or self._counts.get(where)
+            if known is not None and (known.passed is not None or known.alone is not None):
+                return self._verdict(known, where)
         unchecked = report.scope.startswith("stream:") and budget_stages.classic() is None
         if unchecked and 0 < limit < 1:  # (a count's reports are not checked there)
             return self._alone(where, limit, "Spark Connect reports no stage of a streaming "
                                              "query to its client")
-        try:
-            stage = budget_stages.UNCHECKED if unchecked else self._stages.of(report.stage)
-        except KeyError:
-            stage = budget_stages.Stage(0, 0, False)
+        stage = budget_stages.UNCHECKED if unchecked else self._stages.of(report.stage)
         if stage is None:
             return self._unknown_stage(where, limit, context, report)
         if not stage.runs:

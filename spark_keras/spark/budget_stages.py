@@ -1,8 +1,8 @@
 """On the driver: what the budget ledger (:mod:`.budget_ledger`) knows of the stages its
 reports name: whether a stage runs now, its number of tasks and how many completed.
 
-Classic Spark: the status tracker, asked at need (the running stages' ids kept for
-:data:`ACTIVE_TTL` seconds); a stage id the scheduler has not given yet never ran.
+Classic Spark: whether a stage runs, from its DAG scheduler (a stage of a job that runs
+now: no listener's lag); its tasks, from the status tracker, asked at need.
 Spark Connect: the execution progress the server sends the client every
 ``spark.connect.progress.reportInterval`` (:meth:`StageTasks.watch`): a stage is known
 once a progress message names it, and runs until one says it is done. Kept per Spark
@@ -16,14 +16,12 @@ import dataclasses
 import logging
 import sys
 import threading
-import time
 from typing import Any
 
 from .versions import active_context
 
 logger = logging.getLogger("spark_keras")
 
-ACTIVE_TTL = 0.5  # seconds classic Spark's running stages are taken as known
 PENDING_RETRY = 0.5  # seconds a task waits before it asks the ledger again
 
 
@@ -58,58 +56,35 @@ class StageTasks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: collections.OrderedDict[tuple[str | None, int], Stage] = collections.OrderedDict()
-        self._active: tuple[float, Any, frozenset[int]] = (-1.0, None, frozenset())
 
     def of(self, stage: int) -> Stage | None:
-        """``stage`` of the Spark context running now; None while it is not known (its
-        start not posted yet, or no progress message named it yet).
-
-        Raises:
-            KeyError: ``stage`` cannot be running: classic Spark has not made it yet.
-        """
+        """``stage`` of the Spark context running now (``runs`` False: it does not run);
+        None while it is not known (its start not posted yet, or no progress message
+        named it yet)."""
         context, sc = active_context(), classic()
         if sc is None:  # Spark Connect: what its progress said
             with self._lock:
                 return self._known.get((context, stage))
-        tracker = sc.statusTracker()
+        if not _runs(sc, stage):
+            return Stage(0, 0, False)
         try:
-            info = tracker.getStageInfo(stage)
-            if info is None:
-                if stage >= _next_stage(sc):
-                    raise KeyError(stage)
-                return None  # its start not posted yet (the listener bus runs behind)
-            tasks = self.learn(context, stage, info.numTasks, info.numCompletedTasks)
-            return Stage(tasks, info.numCompletedTasks, self._runs(sc, tracker, stage))
-        except KeyError:
-            raise
+            info = sc.statusTracker().getStageInfo(stage)
         except Exception as exc:  # a context stopping
             logger.debug("no status of stage %d: %s", stage, exc)
             return None
+        if info is None:
+            return None  # its start not posted yet (the listener bus runs behind)
+        tasks = self.learn(context, stage, info.numTasks, info.numCompletedTasks)
+        return Stage(tasks, info.numCompletedTasks, True)
 
     def runs_any(self, stages: Any) -> bool:
-        """True if one of ``stages`` (ids) of the Spark context running now runs; False
-        for none, or if nothing can tell."""
-        stages = set(stages)
-        if not stages:
-            return False
+        """True if one of ``stages`` (ids) of the Spark context running now runs."""
         context, sc = active_context(), classic()
-        if sc is None:
-            with self._lock:
-                return any((known := self._known.get((context, s))) is not None and known.runs
-                           for s in stages)
-        try:
-            tracker = sc.statusTracker()
-            return any(self._runs(sc, tracker, s) for s in stages)
-        except Exception as exc:  # a context stopping
-            logger.debug("no running stages: %s", exc)
-            return False
-
-    def _runs(self, sc: Any, tracker: Any, stage: int) -> bool:
-        since, context, ids = self._active
-        if context is not sc or stage not in ids or time.monotonic() - since > ACTIVE_TTL:
-            ids = frozenset(tracker.getActiveStageIds())
-            self._active = (time.monotonic(), sc, ids)
-        return stage in ids
+        if sc is not None:
+            return any(_runs(sc, s) for s in stages)
+        with self._lock:
+            return any((known := self._known.get((context, s))) is not None and known.runs
+                       for s in stages)
 
     def learn(self, context: str | None, stage: int, tasks: int, completed: int = 0,
               done: bool | None = None) -> int:
@@ -153,14 +128,18 @@ class StageTasks:
             logger.debug("cannot watch Spark Connect's progress: %s", exc)
 
 
-def _next_stage(sc: Any) -> int:
-    """The id classic Spark's scheduler gives its next stage (a large number if it does
-    not say: no stage is then taken as never made)."""
+def _runs(sc: Any, stage: int) -> bool:
+    """Whether ``stage`` is one of a job classic Spark runs now: its DAG scheduler's
+    stages (made before any task of the job, dropped as the job ends: no listener's lag),
+    else (a Spark that does not say) its status tracker's running stages."""
     try:
-        value = sc._jsc.sc().dagScheduler().nextStageId()  # an AtomicInteger (Py4J: its int)
-        return int(value.get() if hasattr(value, "get") else value)
-    except Exception:  # another Spark
-        return sys.maxsize
+        return bool(sc._jsc.sc().dagScheduler().stageIdToStage().contains(stage))
+    except Exception as exc:  # noqa: BLE001 (Py4J's errors: another Spark, a JVM stopping)
+        logger.debug("the DAG scheduler does not say whether stage %d runs: %r", stage, exc)
+    try:
+        return stage in sc.statusTracker().getActiveStageIds()
+    except Exception:  # noqa: BLE001 (a context stopping)
+        return False
 
 
 stage_tasks = StageTasks()
