@@ -27,7 +27,7 @@ from spark_keras.spark import channel_client, channel_server, task_version, vers
 from spark_keras.spark.version_server import Server, ask, download
 from spark_keras.spark.versions import Schedule, Version
 
-from .test_channel_security import _hold_the_cap, _model
+from .test_channel_security import _hold_the_cap, _model, blind  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
@@ -92,6 +92,7 @@ def test_a_worker_keeps_the_answer_of_a_scope_it_uses(server, monkeypatch):
 # --- the answering pool -------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("blind")
 def test_a_slow_check_of_a_watched_file_holds_no_other_answer(server, monkeypatch):
     """Model A's watched file takes long to read (the check waits until released: slow
     storage) while six new actions of A ask, more than the pool's threads: model B's
@@ -185,6 +186,7 @@ def _copies(server: Server, name: str = "m") -> list[str]:
                   if f.startswith(f"{name}.") and f.endswith(".skp"))
 
 
+@pytest.mark.usefixtures("blind")
 def test_a_versions_copy_goes_once_it_is_neither_current_nor_pinned(server, monkeypatch):
     """Nineteen versions shipped while a micro-batch and an action hold version 1: the
     driver keeps the copies of 1 and of the current one only. The query's next

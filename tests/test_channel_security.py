@@ -53,6 +53,14 @@ def server():
     server.close()
 
 
+@pytest.fixture
+def blind(monkeypatch):
+    """The driver cannot tell which scopes its Spark runs (as a Spark Connect client, or
+    with no Spark in the process): the made-up scopes of a test are pinned as they are
+    asked, whether or not an earlier module's Spark session is still up."""
+    monkeypatch.setattr(version_server, "running", lambda scope: None)
+
+
 @pytest.fixture(scope="module")
 def weights():
     """A real model's payload, and 64 bytes of its first kernel as the payload holds them."""
@@ -249,7 +257,7 @@ def test_bad_tokens_and_indexes_answer_4xx_without_a_traceback_logged_once(serve
     assert ask(_model(server, "m"), "m", "sql:1")["version"]["label"] == "1"  # still answering
 
 
-def test_a_malformed_scope_is_refused_and_later_resolves_work(server):
+def test_a_malformed_scope_is_refused_and_later_resolves_work(server, blind):
     schedule = Schedule(Version(1, "1", "q", 3))
     server.register("q", schedule)
     for bad in ("stream:q:2:extra", "stream:q:x", "sql:1 ", "stage:", "stage:a:b:3", "other:1",

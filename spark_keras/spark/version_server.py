@@ -73,6 +73,7 @@ from ..errors import ArgumentError, SparkKerasError
 from . import budget_ledger
 from .channel_client import TIMEOUT, Address, ask, download
 from .channel_server import Answer, Channel, Later, Refused, scoped_token
+from .running import running
 from .versions import CHECK_WAIT, Check, Schedule, Version, active_context, in_context
 
 __all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_if_idle", "driver_host",
@@ -322,13 +323,13 @@ class Server:
 
     def resolve(self, name: str, scope: str | None) -> dict[str, Any]:
         """The answer to ``scope``'s request: the version it scores with (pinned now if
-        new), and the versions released."""
+        new and Spark runs it, :mod:`.running`), and the versions released."""
         scope = in_context(scope, active_context())  # a stage's id is its context's
         with self._lock:
             schedule = self._schedules.get(name)
             if schedule is None:
                 schedule = self._retired[name]
-        version = schedule.pin(scope)
+        version = schedule.pin(scope, running)  # pinned only if Spark runs it
         released = [_as_dict(v) for v in schedule.released() if v.index != version.index]
         return {"version": _as_dict(version), "released": released}
 

@@ -19,10 +19,14 @@ the task into those two kinds of scope (:func:`in_context`), so a pin made under
 stopped context never answers a task of the next one. A micro-batch's scope is left
 alone: a query restarted from its checkpoint keeps its id, and its version.
 
-Spark runs the micro-batches of a query one after another, so a micro-batch is done once
-a later one of its query asks: its pin goes then (a query holds one pin, its latest
-micro-batch's), and a straggling task of an earlier micro-batch gets the current version.
-The other pins go least recently asked first, past :data:`MAX_PINS` per handle.
+Only a scope that Spark runs now, or is about to, is pinned (:mod:`.running`: the
+driver's own Spark says so; any holder of the handle's token can name any scope): one it
+does not run, a future SQL execution or stage, an unseen micro-batch, is answered the
+current version and pins nothing. Spark runs the micro-batches of a query one after
+another, so a micro-batch is done once a later one of its query runs and asks: its pin
+goes then (a query holds one pin, its latest micro-batch's), and a straggling task of an
+earlier micro-batch gets the current version. Past :data:`MAX_PINS` per handle, the pins
+of scopes Spark no longer runs go, least recently asked first, never a running one's.
 
 A version is *released* once it is not current and no micro-batch that could still run
 holds it: the workers that learn of it drop its model and the executors' file of its
@@ -53,11 +57,9 @@ from ..payload.stored import StoredModel
 
 logger = logging.getLogger("spark_keras")
 
-# pins kept per handle, least recently asked evicted first. What remains of the bound: a
-# batch action (a SQL execution, an RDD stage) or a query's latest micro-batch none of
-# whose tasks asked while this many other scopes of the handle did (distinct SQL
-# executions or stages, or streaming queries: a query's micro-batches take one pin) loses
-# its pin, and its tasks that ask after that get the current version
+# pins kept per handle; past it, those of scopes Spark no longer runs go (least recently
+# asked first; where the driver cannot tell, on Spark Connect, the least recently asked)
+# and, when every pin is a running scope's, a new scope gets the current version unpinned
 MAX_PINS = 10_000
 # seconds the first request of a new scope waits for a running check of its handle's
 # watched file (off the channel's pool) before it is answered the current version
@@ -191,11 +193,14 @@ class Schedule:
         with self._lock:
             return scope in self._pins
 
-    def pin(self, scope: str | None) -> Version:
-        """The version ``scope`` scores with (the current one for a new scope, or none).
-        A micro-batch's pin replaces its query's earlier one (done: they run one after
-        another); one older than its query's latest (the query restarted in this driver
-        from an older checkpoint) is pinned as any scope is, replacing none."""
+    def pin(self, scope: str | None, running: Callable[[str], bool | None] | None = None
+            ) -> Version:
+        """The version ``scope`` scores with (the current one for a new scope, or none),
+        pinned unless ``running(scope)`` (:func:`.running.running`; None: cannot tell)
+        says Spark does not run it. A micro-batch's pin replaces its query's earlier one
+        (done: they run one after another); one older than its query's latest (the query
+        restarted in this driver from an older checkpoint) is pinned as any scope is,
+        replacing none."""
         with self._lock:
             if scope is None:
                 return self.versions[self.current]
@@ -203,29 +208,47 @@ class Schedule:
             if index is not None:
                 self._pins.move_to_end(scope)  # least recently asked goes first
                 return self.versions[index]
-            unpinned = []
-            stream = _stream_batch(scope)
-            if stream is not None:
+            version = self.versions[self.current]
+            if running is not None and running(scope) is False:
+                return version  # to come, long done, or never run: no pin
+            unpinned, room = self._room(running)
+            if not room:
+                logger.warning("model versions: %d scopes pinned, all running: %s is answered "
+                               "the current version, unpinned", len(self._pins), scope)
+            elif (stream := _stream_batch(scope)) is not None:
                 query, batch = stream
                 latest = self._latest_batch.get(query)
                 if latest is None or batch > latest[0]:
                     if latest is not None and latest[1] in self._pins:
                         unpinned.append(self._pins.pop(latest[1]))
                     self._latest_batch[query] = (batch, scope)
-            index = self._pins[scope] = self.current
-            self._holders[index] += 1
-            while len(self._pins) > MAX_PINS:
-                evicted, held = self._pins.popitem(last=False)
-                unpinned.append(held)
-                gone = _stream_batch(evicted)
-                if gone is not None and self._latest_batch.get(gone[0], (0, ""))[1] == evicted:
-                    del self._latest_batch[gone[0]]
-            version = self.versions[index]
+            if room:
+                self._pins[scope] = self.current
+                self._holders[self.current] += 1
             for held in unpinned:
                 self._holders[held] -= 1
             unused = self._unused(unpinned)
         self._report(unused)
         return version
+
+    def _room(self, running: Callable[[str], bool | None] | None) -> tuple[list[int], bool]:
+        """Room for a new pin (under the lock): past :data:`MAX_PINS`, the least recently
+        asked scope ``running`` does not say runs is unpinned, never one it does. The
+        versions unpinned, and False when every pin left is a running scope's."""
+        unpinned: list[int] = []
+        while len(self._pins) >= MAX_PINS:
+            gone = next((s for s in self._pins if running is None or not running(s)), None)
+            if gone is None:
+                return unpinned, False
+            unpinned.append(self._unpin(gone))
+        return unpinned, True
+
+    def _unpin(self, scope: str) -> int:
+        """Drop ``scope``'s pin (under the lock); the version it held."""
+        stream = _stream_batch(scope)
+        if stream is not None and self._latest_batch.get(stream[0], (0, ""))[1] == scope:
+            del self._latest_batch[stream[0]]
+        return self._pins.pop(scope)
 
     def _unused(self, candidates: list[int]) -> list[int]:
         """Of ``candidates``, the versions unused now (under the lock)."""
