@@ -23,16 +23,16 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path[:0] = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
-from . import docs, targets  # noqa: E402
-from .docs import TITLES  # noqa: E402
-from .report import table  # noqa: E402
+from bench import docs, targets  # noqa: E402
+from bench.docs import TITLES  # noqa: E402
+from bench.report import table  # noqa: E402
 
 # a section's run: what it adds to the results, its heading, its tables and the lines under them
 Shown = tuple[dict, str, list[str], list[str]]
 
 
 def _payload(args: argparse.Namespace) -> Shown:
-    from . import payload_bench
+    from bench import payload_bench
 
     rows = payload_bench.run(repeats=1 if args.quick else args.repeats,
                              names=["MLP 90MB"] if args.quick else None)
@@ -41,7 +41,7 @@ def _payload(args: argparse.Namespace) -> Shown:
 
 
 def _scoring(args: argparse.Namespace) -> Shown:
-    from . import scoring_bench
+    from bench import scoring_bench
 
     rows, facts = scoring_bench.run(quick=args.quick)
     shown = "\n".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}" for k, v in facts.items())
@@ -50,7 +50,7 @@ def _scoring(args: argparse.Namespace) -> Shown:
 
 
 def _memory(args: argparse.Namespace) -> Shown:
-    from . import memory_bench
+    from bench import memory_bench
 
     rows = memory_bench.run(quick=args.quick)
     return ({"memory": rows}, "## Memory: N Python workers holding one model, a copy per worker vs one shared file",
@@ -58,22 +58,22 @@ def _memory(args: argparse.Namespace) -> Shown:
 
 
 def _dask(args: argparse.Namespace) -> Shown:
-    from . import dask_bench
+    from bench import dask_bench
 
     rows = dask_bench.run(repeats=1 if args.quick else args.repeats)
     return {"dask": rows}, "## Dask: client.submit(f, model), Keras pickling vs payload vs ship()", [table(rows)], []
 
 
 def _coldstart(args: argparse.Namespace) -> Shown:
-    from . import coldstart_bench
+    from bench import coldstart_bench
 
     rows = coldstart_bench.run(quick=args.quick)
     return ({"coldstart": rows}, "## Cold start of a fresh Python worker (spark.python.worker.reuse=false): "
-            "pyspark.daemon vs spark_keras.spark.daemon, local[2]", [table(rows)], targets.coldstart_targets(rows))
+            "pyspark.daemon vs spark_keras.executor.daemon, local[2]", [table(rows)], targets.coldstart_targets(rows))
 
 
 def _frontends(args: argparse.Namespace) -> Shown:
-    from . import frontends_bench
+    from bench import frontends_bench
 
     rows = frontends_bench.run(quick=args.quick)
     return ({"frontends": rows}, "## Front-ends: predict_partition, pool_predict, predict_dask against the raw "
@@ -81,7 +81,7 @@ def _frontends(args: argparse.Namespace) -> Shown:
 
 
 def _inputs(args: argparse.Namespace) -> Shown:
-    from . import inputs_bench
+    from bench import inputs_bench
 
     rows, lengths = inputs_bench.run(quick=args.quick)
     return ({"inputs": rows, "inputs_lengths": lengths}, TITLES["inputs"],
@@ -90,21 +90,21 @@ def _inputs(args: argparse.Namespace) -> Shown:
 
 
 def _threads(args: argparse.Namespace) -> Shown:
-    from . import threads_bench
+    from bench import threads_bench
 
     rows = threads_bench.run(quick=args.quick)
     return {"threads": rows}, TITLES["threads"], [table(rows, floatfmt="{:,.2f}")], []
 
 
 def _operations(args: argparse.Namespace) -> Shown:
-    from . import operations_bench
+    from bench import operations_bench
 
     rows = operations_bench.run(quick=args.quick)
     return {"operations": rows}, TITLES["operations"], [table(rows, floatfmt="{:,.3f}")], []
 
 
 def _isolation(args: argparse.Namespace) -> Shown:
-    from . import isolation_bench
+    from bench import isolation_bench
 
     rows = isolation_bench.run(quick=args.quick)
     return ({"isolation": rows}, TITLES["isolation"], [table(rows, floatfmt="{:,.3f}")],
@@ -112,7 +112,7 @@ def _isolation(args: argparse.Namespace) -> Shown:
 
 
 def _keyed(args: argparse.Namespace) -> Shown:
-    from . import keyed_bench
+    from bench import keyed_bench
 
     rows, memory = keyed_bench.run_all(quick=args.quick)
     return ({"keyed": rows, "keyed_memory": memory}, TITLES["keyed"],
@@ -121,7 +121,7 @@ def _keyed(args: argparse.Namespace) -> Shown:
 
 
 def _large(args: argparse.Namespace) -> Shown:
-    from . import large_bench
+    from bench import large_bench
 
     rows = large_bench.run(quick=args.quick)
     return ({"large": rows}, TITLES["large"], [table(rows, floatfmt="{:,.2f}")],
@@ -129,7 +129,7 @@ def _large(args: argparse.Namespace) -> Shown:
 
 
 def _commits(args: argparse.Namespace) -> Shown:
-    from . import commits_bench
+    from bench import commits_bench
 
     rows = commits_bench.run(quick=args.quick)
     return ({"commits": rows}, TITLES["commits"], [table(rows, floatfmt="{:,.3f}")],
@@ -137,7 +137,7 @@ def _commits(args: argparse.Namespace) -> Shown:
 
 
 def _images(args: argparse.Namespace) -> Shown:
-    from . import images_bench
+    from bench import images_bench
 
     rows = images_bench.run(quick=args.quick)
     return ({"images": rows}, TITLES["images"], [table(rows, floatfmt="{:,.3f}")],

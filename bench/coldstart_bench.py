@@ -1,5 +1,5 @@
 """Cold start of a fresh Spark Python worker: the stock daemon (``pyspark.daemon``)
-against the preloading one (``spark_keras.spark.daemon``), side by side.
+against the preloading one (``spark_keras.executor.daemon``), side by side.
 
 Spark forks every Python worker of an executor from a daemon; with
 ``spark.python.worker.reuse=false`` every task gets a fresh one. The daemon module is
@@ -43,12 +43,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .harness import pss_mb
-from .sessions import local_session, start_seconds
-from .targets import coldstart_goal
+from bench.harness import pss_mb
+from bench.sessions import local_session, start_seconds
+from bench.targets import coldstart_goal
 
-STOCK, PRELOADED = "pyspark.daemon (stock)", "spark_keras.spark.daemon"
-DAEMONS = {STOCK: "pyspark.daemon", PRELOADED: "spark_keras.spark.daemon"}
+STOCK, PRELOADED = "pyspark.daemon (stock)", "spark_keras.executor.daemon"
+DAEMONS = {STOCK: "pyspark.daemon", PRELOADED: "spark_keras.executor.daemon"}
 RATIO = "daemon / stock"
 
 
@@ -187,7 +187,7 @@ def measure_session(label: str, models: dict[str, Any], shapes: dict[str, tuple[
                     into: Measured, tiny: Any) -> None:
     """One session of daemon ``label``: the first job (through ``tiny``), warm-up, cold
     starts of every model, transform."""
-    from .frames import check_predictions, expected_predictions, make_frame
+    from bench.frames import check_predictions, expected_predictions, make_frame
 
     module = DAEMONS[label]
     spark = session(module, reports)
@@ -348,8 +348,8 @@ def run(quick: bool = False) -> list[dict]:
     """Rows for the table; both daemons alternate, one session each per round."""
     import keras
 
-    from .frames import Workload
-    from .models import actor_model, mlp_model
+    from bench.frames import Workload
+    from bench.models import actor_model, mlp_model
 
     models = {"MLP": mlp_model(), "CNN": actor_model()}
     tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # the first job's

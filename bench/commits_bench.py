@@ -1,6 +1,6 @@
 """`python -m bench.commits_bench [--quick]`: what ``--resume`` (commits) and
 ``--progress`` cost a clean score job. The job's Python entry point
-(:func:`spark_keras.jobs.score_run.score`, what ``spark-keras score`` runs) in one local[2]
+(:func:`spark_keras.jobs.score.run.score`, what ``spark-keras score`` runs) in one local[2]
 session, on one parquet input of :data:`FILES` files of :data:`ROWS_PER_FILE` rows of
 :data:`FEATURES` float features, a small MLP (:func:`bench.models.small_mlp_model`):
 
@@ -78,7 +78,7 @@ def _args(work: str, mode: str, out: str) -> argparse.Namespace:
 
 def _run(spark, work: str, mode: str, total: int, groups: int) -> tuple[float, int]:
     """Seconds of one job run in ``mode`` and the progress lines it logged (figures checked)."""
-    from spark_keras.jobs.score_run import score
+    from spark_keras.jobs.score.run import score
     from spark_keras.spark.paths import HadoopPaths
 
     out = os.path.join(work, f"out-{time.monotonic_ns()}")
@@ -111,9 +111,8 @@ def _run(spark, work: str, mode: str, total: int, groups: int) -> tuple[float, i
 def run(quick: bool = False, repeats: int = ROUNDS) -> list[dict]:
     """One row per mode: rows/s (median of the rounds) and the ratio to the plain job."""
     import spark_keras as sk
-
-    from .models import small_mlp_model
-    from .sessions import local_session
+    from bench.models import small_mlp_model
+    from bench.sessions import local_session
 
     files, rows = (4, 500) if quick else (FILES, ROWS_PER_FILE)
     rounds = 1 if quick else repeats
@@ -145,7 +144,7 @@ def run(quick: bool = False, repeats: int = ROUNDS) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import section_main
+    from bench.report import section_main
 
     return section_main("python -m bench.commits_bench", "score job: plain vs --resume vs "
                         "--resume --progress", run, "{:,.3f}", argv)

@@ -18,10 +18,9 @@ import keras
 import numpy as np
 
 import spark_keras as sk
+from bench.models import actor_model
 from spark_keras.dask import PRELOAD_ENV, ship
 from spark_keras.inference import signature_of
-
-from .models import actor_model
 
 MODULE = "bench.dask_bench"  # what the workers preload
 

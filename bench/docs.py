@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from .report import plot, table
-from .targets import (
+from bench.report import plot, table
+from bench.targets import (
     coldstart_targets,
     commits_targets,
     images_targets,
@@ -151,7 +151,7 @@ def _coldstart(results: dict) -> list[str]:
         "Spark forks each Python worker from a daemon; with "
         "`spark.python.worker.reuse=false` every task gets a fresh worker. The stock "
         "daemon (`spark.python.daemon.module=pyspark.daemon`) against the preloading "
-        "one (`spark_keras.spark.daemon`, which imported TensorFlow and Keras before "
+        "one (`spark_keras.executor.daemon`, which imported TensorFlow and Keras before "
         "forking), each in its own `local[2]` session (the daemon module is fixed per "
         "SparkContext) with the settings of `conf/spark-defaults.conf` (one TensorFlow "
         "and OpenMP thread per worker); the two alternate, one session each per round, "
@@ -326,10 +326,10 @@ def _large(results: dict) -> list[str]:
 
 
 def _commits(results: dict) -> list[str]:
-    from .commits_bench import FEATURES, FILES, FILES_PER_COMMIT, PROGRESS_SECONDS, ROWS_PER_FILE
+    from bench.commits_bench import FEATURES, FILES, FILES_PER_COMMIT, PROGRESS_SECONDS, ROWS_PER_FILE
 
     return [
-        f"The score job's Python entry point (`spark_keras.jobs.score_run.score`, what "
+        f"The score job's Python entry point (`spark_keras.jobs.score.run.score`, what "
         f"`spark-keras score` runs) in one local[2] session, on a parquet input of {FILES} "
         f"files x {ROWS_PER_FILE:,} rows of {FEATURES} float32 features (an array column), "
         f"a small MLP ({FEATURES}-64-64-4): the plain job (no `--resume`, `--no-progress`: one "
@@ -348,7 +348,7 @@ def _commits(results: dict) -> list[str]:
 
 
 def _images(results: dict) -> list[str]:
-    from .images_bench import BATCH_SIZE, DISTINCT, PARTITIONS
+    from bench.images_bench import BATCH_SIZE, DISTINCT, PARTITIONS
 
     rows = results["images"][0]["rows"]
     return [

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .harness import sample
-from .models import actor_model, mlp_model
+from bench.harness import sample
+from bench.models import actor_model, mlp_model
 
 
 @dataclass

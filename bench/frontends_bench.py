@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .frames import PredictionMismatch, Workload, make_frame
-from .harness import rows_per_second, sample
-from .models import mlp_model
-from .sessions import local_session
+from bench.frames import PredictionMismatch, Workload, make_frame
+from bench.harness import rows_per_second, sample
+from bench.models import mlp_model
+from bench.sessions import local_session
 
 FEATURES, BATCH, PARTITIONS = 64, 1024, 4
 

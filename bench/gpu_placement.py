@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     def task(index, _rows):
         from pyspark import TaskContext
 
-        from spark_keras.spark import resources
+        from spark_keras.executor import resources
 
         rng = np.random.default_rng(index)
         x = rng.standard_normal((per_partition, features)).astype("float32")

@@ -75,7 +75,7 @@ def _alone_worker(conn: Any, model_path: str, pngs: list[bytes], first: int, row
     import keras
     import tensorflow as tf
 
-    from .inputs_bench import compiled
+    from bench.inputs_bench import compiled
 
     model = keras.saving.load_model(model_path)
     decoded = [tf.io.decode_png(p, channels=3).numpy().astype(np.float32) for p in pngs]
@@ -150,7 +150,7 @@ def _check(bm, df, column: str, expected: np.ndarray, name: str) -> None:
     image, within :data:`CHECK_TOLERANCE` of the largest (other call sizes round
     differently). Relative: the random-weight logits are about 1e-11, so an absolute
     tolerance of 1e-3 passed predictions of all zeros or of another image."""
-    from .harness import sample
+    from bench.harness import sample
 
     got = bm.transform(sample(df), column, batch_size=BATCH_SIZE).select("id", "prediction").toArrow()
     ids = got.column("id").to_numpy()
@@ -164,7 +164,7 @@ def _check(bm, df, column: str, expected: np.ndarray, name: str) -> None:
 
 
 def sample_ids(df) -> list[int]:
-    from .harness import sample
+    from bench.harness import sample
 
     return [r.id for r in sample(df).select("id").collect()]
 
@@ -218,11 +218,10 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
     import tensorflow as tf
 
     import spark_keras as sk
-
-    from .harness import sample
-    from .inputs_bench import pngs as make_pngs
-    from .models import mobilenet_model, png_mobilenet_model
-    from .sessions import local_session
+    from bench.harness import sample
+    from bench.inputs_bench import pngs as make_pngs
+    from bench.models import mobilenet_model, png_mobilenet_model
+    from bench.sessions import local_session
 
     size = sizes(quick)
     rounds = repeats or size.rounds
@@ -282,13 +281,13 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
 
 def workers() -> list[int]:
     """The Spark Python workers of this driver (reused: the same over the runs)."""
-    from .harness import worker_pids
+    from bench.harness import worker_pids
 
     return worker_pids(workers_only=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import section_main
+    from bench.report import section_main
 
     return section_main("python -m bench.images_bench", "MobileNetV2 on image rows and PNG bytes "
                         "against the model alone", lambda quick, repeats: run(quick, repeats),

@@ -31,10 +31,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import models
-from .frames import Expected, Workload, check_predictions
-from .harness import in_turns, rows_per_second, sample
-from .scoring_bench import (
+from bench import models
+from bench.frames import Expected, Workload, check_predictions
+from bench.harness import in_turns, rows_per_second, sample
+from bench.scoring_bench import (
     BEST_CASE,
     IDENTITY,
     PREDICT_BATCH_UDF,
@@ -44,7 +44,7 @@ from .scoring_bench import (
     method_transform,
     table_rows,
 )
-from .sessions import scoring_session
+from bench.sessions import scoring_session
 
 # Workload names, which the targets pick rows by (targets.inputs_targets)
 TEXT, IMAGE, GRU = "text", "image", "GRU"

@@ -43,7 +43,7 @@ def _mlp_frame(spark, rows: int, partitions: int, failing: bool):
 def _png_frame(spark, rows: int, partitions: int, failing: bool):
     from pyspark.sql import functions as F
 
-    from .inputs_bench import pngs
+    from bench.inputs_bench import pngs
 
     pool = pngs(256, distinct=256)  # photo-like 64 x 64 PNGs, joined in by id
     images = spark.createDataFrame([(i, b) for i, b in enumerate(pool)], "k long, content binary")
@@ -77,9 +77,8 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
     """One row per model and mode: rows/s of transform and the ratios to the clean
     ``'error'`` transform of the same model."""
     import spark_keras as sk
-
-    from .models import asserting_mlp_model, png_model
-    from .sessions import local_session
+    from bench.models import asserting_mlp_model, png_model
+    from bench.sessions import local_session
 
     repeats = 1 if quick else repeats
     spark = local_session("isolation-bench", driver_memory="4g")
@@ -118,7 +117,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import section_main
+    from bench.report import section_main
 
     return section_main("python -m bench.isolation_bench", "transform of two models that raise "
                         "on some rows", run, "{:,.3f}", argv)

@@ -61,7 +61,7 @@ def _separate(handles, df) -> float:
 
 def _payload_files() -> list[tuple[str, int]]:
     """(name, bytes) of the payload files in this executor's folder."""
-    from spark_keras.spark.transport import executor_folder
+    from spark_keras.executor.transport import executor_folder
 
     folder = executor_folder()
     if not folder or not os.path.isdir(folder):
@@ -105,9 +105,8 @@ def run(quick: bool = False, repeats: int = 4) -> list[dict]:
 def run_all(quick: bool = False, repeats: int = 4) -> tuple[list[dict], list[dict]]:
     """:func:`run`'s rows, and the executor's payload files of the KeyedModels' models."""
     import spark_keras as sk
-
-    from .models import mlp_model
-    from .sessions import local_session
+    from bench.models import mlp_model
+    from bench.sessions import local_session
 
     per_key = 500 if quick else ROWS_PER_KEY
     repeats = 1 if quick else repeats
@@ -155,8 +154,7 @@ def _many_keys(spark, rows: int, repeats: int) -> list[dict]:
     """KeyedModels of :data:`MANY_KEYS` models on as many rows, clustered and in random
     key order (checked exact first on a sample against each key's own model)."""
     import spark_keras as sk
-
-    from .models import mlp_model
+    from bench.models import mlp_model
 
     models = {f"k{i}": mlp_model() for i in range(MANY_KEYS)}
     random = _frame(spark, rows, MANY_KEYS).cache()
@@ -183,7 +181,7 @@ def _many_keys(spark, rows: int, repeats: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import section_main
+    from bench.report import section_main
 
     return section_main("python -m bench.keyed_bench", "KeyedModels against one "
                         "BroadcastModel per key", run, "{:,.3f}", argv)

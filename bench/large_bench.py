@@ -143,8 +143,8 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     import spark_keras as sk
+    from spark_keras.executor.driver_payload import weights_nbytes
     from spark_keras.inference.predictor import predictor_for
-    from spark_keras.spark.driver_payload import weights_nbytes
 
     builder = (SparkSession.builder.master(args.master).appName("spark-keras-large")
                .config("spark.ui.enabled", "false")

@@ -32,9 +32,9 @@ import json
 import os
 from typing import Any, Callable, Iterator
 
-from .frames import Workload, check_predictions, expected_predictions, make_frame
-from .harness import pss_kb, touch_keras
-from .sessions import scoring_session
+from bench.frames import Workload, check_predictions, expected_predictions, make_frame
+from bench.harness import pss_kb, touch_keras
+from bench.sessions import scoring_session
 
 COPY, SHARED = "copy per worker", "shared file"
 MODES = {COPY: False, SHARED: True}  # label -> share_weights

@@ -85,8 +85,7 @@ def run(quick: bool = False, repeats: int = 7) -> list[dict]:
     """One row per model and mode: rows/s of transform, and the ratios to the plain
     transform of the same model."""
     import spark_keras as sk
-
-    from .sessions import local_session
+    from bench.sessions import local_session
 
     repeats = 1 if quick else repeats
     spark = local_session("operations-bench", driver_memory="4g")
@@ -118,7 +117,7 @@ def run(quick: bool = False, repeats: int = 7) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import section_main
+    from bench.report import section_main
 
     return section_main("python -m bench.operations_bench", "transform of two MLPs", run,
                         "{:,.3f}", argv)

@@ -43,11 +43,11 @@ import tempfile
 import time
 from typing import Callable
 
-from . import scoring_bench as sb
-from .frames import input_columns, make_frame, workloads
-from .harness import timed_run, warm_up, worker_pids
-from .report import table
-from .sessions import scoring_session
+from bench import scoring_bench as sb
+from bench.frames import input_columns, make_frame, workloads
+from bench.harness import timed_run, warm_up, worker_pids
+from bench.report import table
+from bench.sessions import scoring_session
 
 # (stage, markers): a sample belongs to the stage of the first frame, read from the leaf
 # up, that contains one of its markers (py-spy frames read "function (path:line)").

@@ -21,9 +21,16 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .frames import check_predictions, expected_predictions, feature_array, input_columns, make_frame, workloads
-from .harness import interleaved, rows_per_second, tf_baseline_rss_mb, warm_up
-from .sessions import scoring_session
+from bench.frames import (
+    check_predictions,
+    expected_predictions,
+    feature_array,
+    input_columns,
+    make_frame,
+    workloads,
+)
+from bench.harness import interleaved, rows_per_second, tf_baseline_rss_mb, warm_up
+from bench.sessions import scoring_session
 
 # --- the methods -----------------------------------------------------------------------------
 

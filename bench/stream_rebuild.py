@@ -48,8 +48,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from .models import actor_model, big_mlp_model, mlp_model
-from .sessions import local_session, start_seconds
+from bench.models import actor_model, big_mlp_model, mlp_model
+from bench.sessions import local_session, start_seconds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -71,8 +71,8 @@ def rebuild_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callable:
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)  # first: the task starts
         import numpy as np
 
+        from spark_keras.executor.transport import executor_folder
         from spark_keras.payload import host_file
-        from spark_keras.spark.transport import executor_folder
 
         folder = executor_folder()
         present = folder is not None and os.path.exists(host_file.path_for(folder, bm.key))
@@ -96,7 +96,7 @@ def rebuild_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callable:
 def session(build_log: str, reuse: bool):
     return local_session("spark-keras-bench-stream-rebuild", driver_memory="4g", **{
         "spark.python.worker.reuse": str(reuse).lower(),
-        "spark.python.daemon.module": "spark_keras.spark.daemon",
+        "spark.python.daemon.module": "spark_keras.executor.daemon",
         "spark.executorEnv.SPARK_KERAS_BUILD_LOG": build_log})
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .report import pick
+from bench.report import pick
 
 
 def _target(label: str, value: float | None, ok: bool) -> str:
@@ -28,7 +28,7 @@ SHARED_LIMIT = 1.5  # the workers' added memory, in copies of the weights
 def memory_targets(rows: list[dict]) -> list[str]:
     """The shared-weights memory target at 4 workers; the copy-per-worker figure and
     the build seconds of both modes for information."""
-    from .memory_bench import COPY, SHARED
+    from bench.memory_bench import COPY, SHARED
 
     at4 = {r["mode"]: r for r in rows if r["workers"] == 4}
     if SHARED not in at4 or COPY not in at4:
@@ -95,7 +95,7 @@ def inputs_targets(rows: list[dict], lengths: list[dict]) -> list[str]:
     hand-written mapInArrow; the GRU on 64 distinct lengths with buckets at 0.8x its rows/s
     on equal lengths or better), and for information transform against predict_batch_udf,
     the cost of many distinct sequence lengths in a batch and the padding buckets feed."""
-    from .inputs_bench import BUCKETED, IMAGE, MANY, PNGS, STRINGS, TEXT
+    from bench.inputs_bench import BUCKETED, IMAGE, MANY, PNGS, STRINGS, TEXT
 
     out, info = [], []
     for workload, variant in ((TEXT, STRINGS), (IMAGE, PNGS)):
@@ -217,7 +217,7 @@ def commits_targets(rows: list[dict]) -> list[str]:
     """The score job with ``--resume`` (small commits, and the default's one), and with
     ``--resume --progress``, within 5% of the plain job (medians of the per-round ratios);
     the plain job run twice for information."""
-    from .commits_bench import DEFAULT, PLAIN_AGAIN, PROGRESS, RESUME
+    from bench.commits_bench import DEFAULT, PLAIN_AGAIN, PROGRESS, RESUME
 
     out = []
     for r in rows:
@@ -237,7 +237,7 @@ IMAGES_RATIO = 0.9  # a heavy CNN's transform against the model alone, one proce
 def images_targets(rows: list[dict]) -> list[str]:
     """MobileNetV2's transform on Spark image rows and on PNG bytes (decoded in its graph)
     at 0.9x the model alone on decoded arrays or better (medians of the per-round ratios)."""
-    from .images_bench import PNG, ROWS
+    from bench.images_bench import PNG, ROWS
 
     return [_target(f"MobileNetV2 {r['mode']} >= {IMAGES_RATIO:g}x the model alone (2 processes, "
                     f"decoded arrays)", r["x model alone, median of rounds"],

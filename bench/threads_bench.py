@@ -26,7 +26,7 @@ def session(threads: str, build_log: str):
     """local[2] like bench.sessions.local_session, without its pinned TF_NUM_*_THREADS."""
     from pyspark.sql import SparkSession
 
-    from .sessions import worker_paths
+    from bench.sessions import worker_paths
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # as local_session: this venv's workers
     builder = (SparkSession.builder.master("local[2]").appName("threads-bench")
@@ -34,7 +34,7 @@ def session(threads: str, build_log: str):
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.memory", "4g")
                .config("spark.pyspark.python", sys.executable)
-               .config("spark.python.daemon.module", "spark_keras.spark.daemon")
+               .config("spark.python.daemon.module", "spark_keras.executor.daemon")
                .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
                .config("spark.executorEnv.SPARK_KERAS_TF_THREADS", threads)
                .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log))
@@ -92,7 +92,7 @@ def run(quick: bool = False, repeats: int = 3) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import section_main
+    from bench.report import section_main
 
     return section_main("python -m bench.threads_bench", "transform of a 256-512-512-8 MLP", run,
                         "{:,.2f}", argv)

@@ -14,7 +14,7 @@
    ``PIPELINE rows=... accuracy=... identical=yes workers=... builds_per_worker=1 seconds=...``
    (the most times any Python worker built either stage's model).
 
-Python workers fork from ``spark_keras.spark.daemon`` (TensorFlow imported once per
+Python workers fork from ``spark_keras.executor.daemon`` (TensorFlow imported once per
 executor); ``--master local-cluster[2,1,1024]`` runs two executor JVMs.
 """
 
@@ -89,7 +89,7 @@ def session(master: str, build_log: str):
     spark = (SparkSession.builder.master(master).appName("spark-keras-pipeline")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.python.daemon.module", "spark_keras.spark.daemon")
+             .config("spark.python.daemon.module", "spark_keras.executor.daemon")
              .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
              .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", build_log)
              .getOrCreate())

@@ -101,7 +101,7 @@ def session(master: str, build_log: str):
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.pyspark.python", sys.executable)
              .config("spark.python.worker.reuse", "true")
-             .config("spark.python.daemon.module", "spark_keras.spark.daemon")
+             .config("spark.python.daemon.module", "spark_keras.executor.daemon")
              .config("spark.executorEnv.KERAS_BACKEND", "tensorflow")
              .config("spark.executorEnv.TF_USE_LEGACY_KERAS", os.environ.get("TF_USE_LEGACY_KERAS", "0"))
              .config("spark.executorEnv.TF_NUM_INTRAOP_THREADS", "1")

@@ -5,11 +5,11 @@ Importing this package does not import TensorFlow or PySpark; they load on first
 
 from __future__ import annotations
 
-from . import errors as _errors
-from ._version import __version__
-from .cache import cache_info, configure_cache
-from .errors import *  # noqa: F401,F403  (every error class, as errors.__all__ lists them)
-from .payload import dumps, is_payload, load, loads, make_picklable, save
+from spark_keras import errors as _errors
+from spark_keras._version import __version__
+from spark_keras.cache import cache_info, configure_cache
+from spark_keras.errors import *  # noqa: F401,F403  (every error class, as errors.__all__ lists them)
+from spark_keras.payload import dumps, is_payload, load, loads, make_picklable, save
 
 __all__ = [
     "__version__",
@@ -45,11 +45,11 @@ if _has_pyspark():
 def __getattr__(name: str):
     # BroadcastModel and KeyedModels need PySpark; import them only when asked for.
     if name == "BroadcastModel":
-        from .spark import BroadcastModel
+        from spark_keras.spark import BroadcastModel
 
         return BroadcastModel
     if name == "KeyedModels":
-        from .spark.keyed import KeyedModels
+        from spark_keras.spark.keyed import KeyedModels
 
         return KeyedModels
     raise AttributeError(f"module 'spark_keras' has no attribute {name!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .errors import MissingDependencyError
+from spark_keras.errors import MissingDependencyError
 
 __all__ = ["MissingDependencyError", "EXTRAS", "require"]
 

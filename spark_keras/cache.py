@@ -28,8 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import heap
-from .quiet import quiet_native_noise
+from spark_keras import heap
+from spark_keras.quiet import quiet_native_noise
 
 logger = logging.getLogger("spark_keras")
 
@@ -71,7 +71,7 @@ class ModelCache:
         saying where the weights live (``shared``, ``shared_bytes``, ``private_bytes``;
         ``shared_fallback``: why not shared, when the shared file could not be written),
         ``placement`` the device the model was built on and the budget it was built
-        with (see :mod:`spark_keras.spark.resources`)."""
+        with (see :mod:`spark_keras.executor.resources`)."""
         with self._lock:
             entry = self._hit(key)
             if entry is not None:

@@ -13,8 +13,8 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
-from .jobs import JOBS, job_file
+from spark_keras import __version__
+from spark_keras.jobs import JOBS, job_file
 
 PROG = "spark-keras"
 

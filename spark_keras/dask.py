@@ -25,25 +25,25 @@ from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
-from ._deps import require
+from spark_keras._deps import require
 
 require("distributed", "spark_keras.dask")
 from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
 
-from . import flavour
-from .cache import model_cache
-from .errors import ModelInputError, SparkKerasError
-from .handle import ModelHandle
-from .inference import columns as cols
-from .inference.engine import score
-from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
-from .inference.outputs import flat_columns, flat_dtype, flat_outputs
-from .inference.preprocess import Preprocess
-from .inference.signature import Signature, model_outputs
-from .payload import digest, host_file
-from .payload.shipment import Shipment
-from .preload import PRELOAD_ENV, preload
-from .private_folder import private_folder
+from spark_keras import flavour
+from spark_keras.cache import model_cache
+from spark_keras.errors import ModelInputError, SparkKerasError
+from spark_keras.handle import ModelHandle
+from spark_keras.inference import columns as cols
+from spark_keras.inference.engine import score
+from spark_keras.inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
+from spark_keras.inference.outputs import flat_columns, flat_dtype, flat_outputs
+from spark_keras.inference.preprocess import Preprocess
+from spark_keras.inference.signature import Signature, model_outputs
+from spark_keras.payload import digest, host_file
+from spark_keras.payload.shipment import Shipment
+from spark_keras.preload import PRELOAD_ENV, preload
+from spark_keras.private_folder import private_folder
 
 logger = logging.getLogger("spark_keras")
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from ._deps import require
+from spark_keras._deps import require
 
 KERAS3 = "keras3"
 TF_KERAS = "tf_keras"
@@ -177,7 +177,7 @@ def legacy_requested() -> bool:
 def current() -> Runtime:
     """The Keras runtime of this process (imports Keras on first call, without the
     start-up lines ``TF_CPP_MIN_LOG_LEVEL`` hides: :mod:`spark_keras.quiet`)."""
-    from .quiet import quiet_tensorflow_startup
+    from spark_keras.quiet import quiet_tensorflow_startup
 
     with quiet_tensorflow_startup():
         if legacy_requested():

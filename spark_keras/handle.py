@@ -7,10 +7,10 @@ from __future__ import annotations
 import uuid
 from typing import Any, Callable
 
-from .cache import model_cache
-from .inference.predictor import Predictor, predictor_for
-from .inference.preprocess import Preprocess
-from .inference.signature import Signature, signature_of
+from spark_keras.cache import model_cache
+from spark_keras.inference.predictor import Predictor, predictor_for
+from spark_keras.inference.preprocess import Preprocess
+from spark_keras.inference.signature import Signature, signature_of
 
 
 class ModelHandle:

@@ -22,17 +22,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import flavour
-from .errors import ArgumentTypeError, ModelCallError, SparkKerasError
-from .handle import ModelHandle
-from .inference import columns as cols
-from .inference.engine import Scored, empty_outputs, model_inputs, score
-from .inference.isolation import RowFailure, reason_text
-from .inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
-from .inference.outputs import to_numpy
-from .inference.signature import signature_of
-from .payload import host_file
-from .payload.shipment import Shipment
+from spark_keras import flavour
+from spark_keras.errors import ArgumentTypeError, ModelCallError, SparkKerasError
+from spark_keras.handle import ModelHandle
+from spark_keras.inference import columns as cols
+from spark_keras.inference.engine import Scored, empty_outputs, model_inputs, score
+from spark_keras.inference.isolation import RowFailure, reason_text
+from spark_keras.inference.options import DEFAULT_BATCH_SIZE, check_batch_size, check_on_invalid
+from spark_keras.inference.outputs import to_numpy
+from spark_keras.inference.signature import signature_of
+from spark_keras.payload import host_file
+from spark_keras.payload.shipment import Shipment
 
 logger = logging.getLogger("spark_keras")
 

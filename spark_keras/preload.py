@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 import os
 
-from . import flavour
-from .errors import SparkKerasError
+from spark_keras import flavour
+from spark_keras.errors import SparkKerasError
 
 PRELOAD_ENV = "SPARK_KERAS_PRELOAD"
 

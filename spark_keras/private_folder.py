@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import LocalWriteError
+from spark_keras.errors import LocalWriteError
 
 __all__ = ["private_folder"]
 

@@ -18,7 +18,7 @@ import re
 import secrets
 from typing import Any, BinaryIO, Callable
 
-from .errors import StorageError
+from spark_keras.errors import StorageError
 
 logger = logging.getLogger("spark_keras")
 

@@ -56,7 +56,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Python workers fork from the preloading daemon, as conf/spark-defaults.conf recommends;
 # SPARK_KERAS_TEST_DAEMON=pyspark.daemon runs the suite on the stock one.
-DAEMON = os.environ.get("SPARK_KERAS_TEST_DAEMON", "spark_keras.spark.daemon")
+DAEMON = os.environ.get("SPARK_KERAS_TEST_DAEMON", "spark_keras.executor.daemon")
 
 
 # The local[2] session the modules share (the ``spark`` fixture): starting one costs ~25 s
@@ -254,7 +254,7 @@ def run_script(folder, source: str, marker: str, timeout: int = 280) -> None:
 def s3():
     """A real S3-compatible server (moto), started and stopped around the module."""
     pytest.importorskip("moto.server")
-    from .s3_server import S3Server
+    from tests.s3_server import S3Server
 
     with S3Server() as server:
         yield server

@@ -19,8 +19,7 @@ from bench.docs import TITLES, write_docs
 from bench.frames import Expected, PredictionMismatch, check_predictions
 from bench.harness import pss_kb
 from bench.targets import coldstart_goal, memory_targets
-
-from .conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 
 def _quick_bench(*sections: str, timeout: int) -> str:
@@ -98,7 +97,7 @@ def test_bench_coldstart_quick_runs_both_daemons_side_by_side():
     # two fresh workers per model and daemon, a 2-partition transform job: under ~90 s
     out = _quick_bench("coldstart", timeout=400)
     rows = {r["measure"]: r for r in _printed_table(out, "daemon / stock")}
-    stock, daemon = "pyspark.daemon (stock)", "spark_keras.spark.daemon"
+    stock, daemon = "pyspark.daemon (stock)", "spark_keras.executor.daemon"
     for model in ("MLP", "CNN"):
         first = rows[f"{model}: task start to first prediction, median of 2 fresh workers, s"]
         assert float(first[stock]) > 0 and float(first[daemon]) > 0, first

@@ -21,8 +21,7 @@ from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import score
 from spark_keras.inference.options import FLAGS, check_buckets
 from spark_keras.inference.predictor import Predictor
-
-from . import models
+from tests import models
 
 
 def rows_of(lengths, seed: int = 0, ids: int | None = None) -> np.ndarray:

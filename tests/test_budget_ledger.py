@@ -1,5 +1,5 @@
 """The driver's ledger of ``max_invalid`` budgets counted over an action
-(:mod:`spark_keras.spark.budget_ledger`), fed reports directly, against the stages of a
+(:mod:`spark_keras.channel.budget_ledger`), fed reports directly, against the stages of a
 real local[2] Spark job that runs while the reports come (its tasks wait); the reports
 over the real channel, from real tasks: tests/test_job_budget.py."""
 
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from spark_keras.spark import budget_ledger
-from spark_keras.spark.budget_ledger import Ledger, Report
-from spark_keras.spark.channel_server import Refused
+from spark_keras.channel import budget_ledger
+from spark_keras.channel.budget_ledger import Ledger, Report
+from spark_keras.channel.server import Refused
 
 
 @contextlib.contextmanager

@@ -10,8 +10,7 @@ import threading
 import time
 
 from spark_keras.cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, ModelCache
-
-from .conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 
 def test_concurrent_requests_build_once():

@@ -22,12 +22,14 @@ import types
 
 import pytest
 
+from spark_keras.channel import client as channel_client
+from spark_keras.channel import server as channel_server
+from spark_keras.channel import version_server, versions
+from spark_keras.channel.version_server import Server, ask, download
+from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import SparkKerasError
-from spark_keras.spark import channel_client, channel_server, task_version, version_server, versions
-from spark_keras.spark.version_server import Server, ask, download
-from spark_keras.spark.versions import Schedule, Version
-
-from .test_channel_security import _hold_the_cap, _model, blind  # noqa: F401 (a fixture)
+from spark_keras.executor import task_version
+from tests.test_channel_security import _hold_the_cap, _model, blind  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
@@ -217,8 +219,7 @@ def test_updates_leave_the_driver_one_copy_when_no_scope_holds_the_old_ones(spar
     """A real handle shipped from the driver, updated five times without a job: one
     copy left, the current version's (there were six)."""
     import spark_keras as sk
-
-    from . import models
+    from tests import models
 
     bm = sk.BroadcastModel(spark, models.mlp(n_features=4, hidden=8, name="c1"), ship="driver")
     try:

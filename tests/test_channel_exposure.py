@@ -10,9 +10,8 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.spark import exposure
-
-from . import models
-from .conftest import make_spark
+from tests import models
+from tests.conftest import make_spark
 
 SECURED = {"spark.authenticate": "true", "spark.authenticate.secret": "a-secret-for-this-test",
            "spark.network.crypto.enabled": "true"}

@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
-from spark_keras.spark import versions
-from spark_keras.spark.version_server import ask, download
-
-from . import models
+from spark_keras.channel import versions
+from spark_keras.channel.version_server import ask, download
+from tests import models
 
 
 def _frame(spark, n: int = 40, n_features: int = 4):

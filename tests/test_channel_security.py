@@ -1,4 +1,4 @@
-"""The driver's channel (``spark_keras.spark.version_server``) against hostile networks
+"""The driver's channel (``spark_keras.channel.version_server``) against hostile networks
 and clients: a real server, real TLS, real relays and floods on 127.0.0.1.
 
 * On the path: a relay that records what it passes sees neither the token nor the
@@ -34,14 +34,16 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
+from spark_keras.channel import client as channel_client
+from spark_keras.channel import server as channel_server
+from spark_keras.channel import version_server
+from spark_keras.channel.version_server import Address, Server, ask, download, model_scope
+from spark_keras.channel.versions import Schedule, Version, active_context, in_context
 from spark_keras.errors import ChannelError, ChannelTrustError, SparkKerasError
-from spark_keras.spark import channel_client, channel_server, transport, version_server
-from spark_keras.spark.version_server import Address, Server, ask, download, model_scope
-from spark_keras.spark.versions import Schedule, Version, active_context, in_context
-
-from . import models
-from .conftest import REPO_ROOT, run_script
-from .relay import Relay
+from spark_keras.executor import transport
+from tests import models
+from tests.conftest import REPO_ROOT, run_script
+from tests.relay import Relay
 
 
 @pytest.fixture
@@ -420,8 +422,8 @@ def test_past_the_cap_readers_are_told_to_come_back_and_their_downloads_land(mon
 _SERVER_AT_LOW_LIMIT = textwrap.dedent("""
     import json, resource, sys, time
     resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    from spark_keras.spark.version_server import Server
-    from spark_keras.spark.versions import Schedule, Version
+    from spark_keras.channel.version_server import Server
+    from spark_keras.channel.versions import Schedule, Version
     server = Server("127.0.0.1")
     server.register("m", Schedule(Version(1, "1", "m", 3)))
     print(json.dumps(list(server.address_for("model:m"))), server._channel.cap, flush=True)
@@ -535,7 +537,7 @@ def test_the_bind_address_comes_from_the_environment_first(monkeypatch):
 
 _KILLED_DRIVER = textwrap.dedent("""
     import os, time
-    from spark_keras.spark.version_server import Server
+    from spark_keras.channel.version_server import Server
     server = Server("127.0.0.1")
     print(os.path.dirname(server.new_file()), flush=True)
     time.sleep(60)
@@ -575,7 +577,7 @@ def test_the_folder_a_killed_driver_left_is_removed_at_the_next_start():
 
 _LIVE_DRIVER = textwrap.dedent("""
     import os, sys
-    from spark_keras.spark.version_server import Server
+    from spark_keras.channel.version_server import Server
     server = Server("127.0.0.1")
     path = server.new_file()
     print(os.path.dirname(path), flush=True)

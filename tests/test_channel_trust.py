@@ -33,19 +33,20 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
+from spark_keras.channel import client as channel_client
+from spark_keras.channel import server as channel_server
+from spark_keras.channel.version_server import Address, Server
+from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import ChannelError, LocalWriteError, PayloadError, SparkKerasError
+from spark_keras.executor import shipped_objects, task_version
+from spark_keras.executor.transport import ServedTransport, executor_folder
 from spark_keras.inference import predictor_for
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment
-from spark_keras.spark import channel_client, channel_server, shipped_objects, task_version
-from spark_keras.spark.transport import ServedTransport, executor_folder
-from spark_keras.spark.version_server import Address, Server
-from spark_keras.spark.versions import Schedule, Version
-
-from . import models
-from .conftest import REPO_ROOT, build_records, run_script
-from .relay import Relay
-from .test_channel_security import _model
+from tests import models
+from tests.conftest import REPO_ROOT, build_records, run_script
+from tests.relay import Relay
+from tests.test_channel_security import _model
 
 
 class StallingRelay(Relay):

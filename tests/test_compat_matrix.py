@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,8 @@ from distributed import Client, LocalCluster  # noqa: E402
 import spark_keras as sk  # noqa: E402
 from spark_keras.cache import read_build_log  # noqa: E402
 from spark_keras.dask import PAYLOAD_FOLDER, PRELOAD_ENV, predict_dask, ship  # noqa: E402
-
-from . import models  # noqa: E402
-from .conftest import REPO_ROOT, builds_by_worker, run_script  # noqa: E402
+from tests import models  # noqa: E402
+from tests.conftest import REPO_ROOT, builds_by_worker, run_script  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -306,7 +305,7 @@ def _planted_payload_folder(client):
     """The workers' payload folder made beforehand by the second user, mode 0777 (what
     another user of a shared scratch space can do); ours, if earlier tests made it, set
     aside meanwhile. Yields its path."""
-    from .other_user import give_to_other_user
+    from tests.other_user import give_to_other_user
 
     scratch = os.path.dirname(next(iter(client.run(_local_directory).values())))
     folder = os.path.join(scratch, PAYLOAD_FOLDER)
@@ -330,7 +329,7 @@ def test_a_payload_folder_planted_by_another_user_is_not_used(client, rng):
     same size under the name the workers look for: they refuse the folder (each keeps
     its own copy of the weights) and score with the shipped model, never with the planted
     one; nothing of theirs is written into that folder."""
-    from .test_channel_trust import _same_size_other_weights
+    from tests.test_channel_trust import _same_size_other_weights
 
     model = models.mlp(5, 4, 3)
     x = rng.standard_normal((4, 5)).astype("float32")
@@ -354,7 +353,7 @@ def test_a_hosts_payload_file_swapped_after_it_was_written_is_refused(client, rn
     """The host's payload file, written by the first worker, replaced by another model's
     payload of the same size: the second worker refuses it by its digest, naming the
     file, instead of scoring with those weights."""
-    from .test_channel_trust import _same_size_other_weights
+    from tests.test_channel_trust import _same_size_other_weights
 
     model = models.mlp(5, 4, 3)
     x = rng.standard_normal((4, 5)).astype("float32")

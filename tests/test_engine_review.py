@@ -20,8 +20,7 @@ from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import score
 from spark_keras.inference.predictor import Predictor
 from spark_keras.inference.preprocess import Preprocess
-
-from . import models
+from tests import models
 
 
 def handle(model):

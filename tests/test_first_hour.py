@@ -11,9 +11,8 @@ import venv
 import pytest
 
 import spark_keras as sk
-from spark_keras.spark import environment
-
-from .test_readme import _examples
+from spark_keras.executor import environment
+from tests.test_readme import _examples
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ from distributed import Client, LocalCluster  # noqa: E402
 import spark_keras as sk  # noqa: E402
 from spark_keras.dask import predict_dask, ship  # noqa: E402
 from spark_keras.multiprocessing import pool_predict  # noqa: E402
-
-from . import models  # noqa: E402
+from tests import models  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -14,8 +14,7 @@ from spark_keras.handle import ModelHandle
 from spark_keras.inference import columns as cols
 from spark_keras.inference.engine import score
 from spark_keras.payload.shipment import Shipment
-
-from . import models
+from tests import models
 
 
 class InMemoryModel(ModelHandle):

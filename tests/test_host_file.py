@@ -24,8 +24,7 @@ from spark_keras import storage
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment
 from spark_keras.payload.stored import open_model
-
-from . import models
+from tests import models
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -368,9 +367,8 @@ def test_a_full_executor_folder_scores_from_memory(spark, tmp_path):
     """spark.local.dir's payload folder is full (or read-only): BroadcastModel still
     scores, from the broadcast payload (or the URI read into memory), and each worker's
     cache_info says why its weights are not shared."""
-    from spark_keras.spark.transport import executor_folder
-
-    from .conftest import worker_cache_infos
+    from spark_keras.executor.transport import executor_folder
+    from tests.conftest import worker_cache_infos
 
     model = models.mlp(64, 256, 2)
     sk.save(model, tmp_path / "m.skp")

@@ -23,8 +23,7 @@ from spark_keras.inference.images import ImageRows
 from spark_keras.inference.predictor import Predictor
 from spark_keras.inference.specs import TensorSpec
 from spark_keras.inference.walk import read_column
-
-from . import oom_models
+from tests import oom_models
 
 IMAGE_TYPE = pa.struct([("origin", pa.string()), ("height", pa.int32()), ("width", pa.int32()),
                         ("nChannels", pa.int32()), ("mode", pa.int32()), ("data", pa.binary())])

@@ -78,8 +78,7 @@ def _sum_columns(batch: pd.DataFrame) -> np.ndarray:
 
 def test_pool_predict_with_preprocess_and_a_mapping_of_columns():
     from spark_keras.multiprocessing import pool_predict
-
-    from . import models
+    from tests import models
 
     model = models.mlp(3, 4, 2)
     frame = pd.DataFrame({"x": [1.0, 2.0, 3.0], "other": ["p", "q", "r"], "y": [4.0, 5.0, 6.0]})

@@ -11,10 +11,11 @@ import re
 import pytest
 
 import spark_keras as sk
+from spark_keras.channel import budget_ledger, version_server
+from spark_keras.channel import client as channel_client
 from spark_keras.errors import InvalidRowsError
-from spark_keras.spark import budget_ledger, channel_client, job_budget, version_server
-
-from .models import mlp
+from spark_keras.spark import job_budget
+from tests.models import mlp
 
 N_FEATURES = 4
 PARTITIONS, ROWS = 8, 500
@@ -117,8 +118,8 @@ def reporting_first(address, key: str, counts: str):
     def run(batches):
         from pyspark import TaskContext
 
-        from spark_keras.spark import channel_client
-        from spark_keras.spark.task_version import task_scope
+        from spark_keras.channel import client as channel_client
+        from spark_keras.executor.task_version import task_scope
 
         context = TaskContext.get()
         channel_client.report(address, {

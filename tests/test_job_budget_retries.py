@@ -16,10 +16,9 @@ import uuid
 import pytest
 
 import spark_keras as sk
-
-from .conftest import REPO_ROOT, local_connect_server, make_spark
-from .models import mlp
-from .test_job_budget import N_FEATURES, PARTITIONS, ROWS, frame, passed
+from tests.conftest import REPO_ROOT, local_connect_server, make_spark
+from tests.models import mlp
+from tests.test_job_budget import N_FEATURES, PARTITIONS, ROWS, frame, passed
 
 pytestmark = [pytest.mark.timeout(900)]
 

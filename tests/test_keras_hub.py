@@ -14,9 +14,8 @@ import keras  # noqa: E402
 import spark_keras as sk  # noqa: E402
 from spark_keras.errors import ModelError  # noqa: E402
 from spark_keras.inference import TensorSpec, predictor_for, signature_of  # noqa: E402
-
-from . import models  # noqa: E402
-from .conftest import build_records, builds_by_worker, make_spark, preloaded_daemons, text_frame  # noqa: E402
+from tests import models  # noqa: E402
+from tests.conftest import build_records, builds_by_worker, make_spark, preloaded_daemons, text_frame  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 

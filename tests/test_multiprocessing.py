@@ -13,9 +13,8 @@ import pytest
 import spark_keras as sk
 from spark_keras.cache import read_build_log
 from spark_keras.multiprocessing import pool_predict
-
-from . import models
-from .conftest import run_script
+from tests import models
+from tests.conftest import run_script
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,9 +19,8 @@ from spark_keras.inference import columns as cols
 from spark_keras.inference import predictor_for
 from spark_keras.inference.engine import score
 from spark_keras.spark.figures import reasons_observed
-
-from .conftest import builds_by_worker, run_score_job
-from .models import mlp
+from tests.conftest import builds_by_worker, run_score_job
+from tests.models import mlp
 
 SPARK_4 = int(__import__("pyspark").__version__.split(".")[0]) >= 4
 

@@ -9,10 +9,9 @@ pytest.importorskip("grpc")
 pytest.importorskip("zstandard")
 
 import spark_keras as sk  # noqa: E402
-
-from .models import mlp  # noqa: E402
-from .test_operations import BAD, N_FEATURES, joined, rows_with_bad_ones  # noqa: E402
-from .test_spark_connect import worker_caches  # noqa: E402
+from tests.models import mlp  # noqa: E402
+from tests.test_operations import BAD, N_FEATURES, joined, rows_with_bad_ones  # noqa: E402
+from tests.test_spark_connect import worker_caches  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # a Connect server of its own: 90 s here
 
@@ -67,10 +66,9 @@ def test_the_score_job_on_connect_resumes_a_partitioned_table_and_its_quarantine
     ``--output-table`` with ``--resume``, ``--partition-by`` and ``--invalid-output``; a
     rerun after the last group was lost scores that group only; the table and the
     quarantine hold each row once, the reasons counted."""
-    from spark_keras.jobs.score_run import score
+    from spark_keras.jobs.score.run import score
     from spark_keras.spark.paths import ArrowPaths
-
-    from .test_score_outputs import BAD, CLASSES, FILES, ROWS, job_args, predictions, write_data
+    from tests.test_score_outputs import BAD, CLASSES, FILES, ROWS, job_args, predictions, write_data
 
     data = write_data(tmp_path)
     connect.sql(f"CREATE DATABASE sk_connect_job LOCATION '{tmp_path / 'warehouse'}'")

@@ -23,8 +23,7 @@ from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import score
 from spark_keras.inference.isolation import RowFailure
 from spark_keras.inference.predictor import Predictor
-
-from . import oom_models
+from tests import oom_models
 
 LIMIT = 50  # the most rows a call of hungry_mlp takes
 HUNGRY = 100.0  # a row whose first value is this or more runs out of memory alone

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from .conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 PYTHON = sys.executable
 BIN = os.path.dirname(PYTHON)
@@ -65,8 +65,7 @@ MISSING = {  # case: (modules blocked, what the user does, the module named, the
 @pytest.fixture(scope="module")
 def payload(tmp_path_factory) -> str:
     import spark_keras as sk
-
-    from . import models
+    from tests import models
 
     path = str(tmp_path_factory.mktemp("packaging") / "mlp.skp")
     sk.save(models.mlp(n_features=4, hidden=4), path)
@@ -264,7 +263,7 @@ def test_installed_console_script_and_module(installed):
     where = subprocess.run([PYTHON, "-m", "spark_keras", "job-file", "score"], cwd=cwd,
                            env=env, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr[-3000:]
-    assert where.stdout.strip() == os.path.join(site, "spark_keras", "jobs", "score.py")
+    assert where.stdout.strip() == os.path.join(site, "spark_keras", "jobs", "score", "main.py")
     assert os.path.isfile(where.stdout.strip())
     conf = subprocess.run([script, "conf"], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -396,7 +395,7 @@ def test_a_packed_environment_shipped_with_spark_archives(installed, tmp_path):
         "spark.archives": f"{archive}#environment",
         "spark.pyspark.python": "./environment/bin/python",
         "spark.executorEnv.PYTHONPATH": _deps_path(),  # TensorFlow, PySpark: the executors' image
-        "spark.python.daemon.module": "spark_keras.spark.daemon",  # importable: installed there
+        "spark.python.daemon.module": "spark_keras.executor.daemon",  # importable: installed there
     })
     for prefix, module in workers:
         assert prefix.endswith("environment") and module.startswith(prefix), (prefix, module)
@@ -416,7 +415,7 @@ def test_py_files_with_the_stock_daemon_and_a_clear_error_with_the_preloading_on
         from pyspark.sql import SparkSession
         spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
                  .config("spark.submit.pyFiles", {zipped!r})
-                 .config("spark.python.daemon.module", "spark_keras.spark.daemon").getOrCreate())
+                 .config("spark.python.daemon.module", "spark_keras.executor.daemon").getOrCreate())
         try:
             sk.BroadcastModel(spark, keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
         except sk.SparkKerasError as exc:
@@ -424,7 +423,7 @@ def test_py_files_with_the_stock_daemon_and_a_clear_error_with_the_preloading_on
     '''))
     proc = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYSPARK_PYTHON=PYTHON, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert "REFUSED spark.python.daemon.module=spark_keras.spark.daemon, but spark_keras reaches the " \
+    assert "REFUSED spark.python.daemon.module=spark_keras.executor.daemon, but spark_keras reaches the " \
            "executors through --py-files" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
@@ -505,7 +504,7 @@ def test_installed_job_on_a_standalone_cluster(installed, payload, standalone):
     x = np.random.default_rng(9).standard_normal((200, 4)).astype("float32")
     pd.DataFrame({"id": np.arange(200), "features": list(x)}).to_parquet(
         cwd / "cluster-in.parquet", index=False)
-    job = os.path.join(site, "spark_keras", "jobs", "score.py")
+    job = os.path.join(site, "spark_keras", "jobs", "score", "main.py")
     env = installed_env(installed)
     env.pop("PYSPARK_PYTHON")  # the job's default: its own interpreter for the executors
     cmd = [os.path.join(BIN, "spark-submit"), "--master", standalone["master"],

@@ -10,8 +10,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.payload import format as fmt
-
-from . import models
+from tests import models
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ from keras import layers
 import spark_keras as sk
 from spark_keras.payload import format as fmt
 from spark_keras.payload.codec import load_mapped
-
-from . import models
+from tests import models
 
 
 def predict(model, x):

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
-
-from . import models
+from tests import models
 
 
 def _child_predict(model, x, conn):

@@ -26,8 +26,7 @@ import pytest
 
 from spark_keras import flavour
 from spark_keras.quiet import ABSL_BANNER
-
-from .conftest import REPO_ROOT, submit_score_job
+from tests.conftest import REPO_ROOT, submit_score_job
 
 AUTOGRAPH_NOISE = ("Unable to locate the source code", "could not get source code",
                    "AutoGraph could not transform")
@@ -105,7 +104,7 @@ if __name__ == "__main__":
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .config("spark.pyspark.python", sys.executable)
-                 .config("spark.python.daemon.module", "spark_keras.spark.daemon")
+                 .config("spark.python.daemon.module", "spark_keras.executor.daemon")
                  .config("spark.executorEnv.PYTHONPATH", {root!r})
                  .config("spark.executorEnv.TF_USE_LEGACY_KERAS", "1")
                  .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")

@@ -20,7 +20,7 @@ from typing import Callable
 
 import pytest
 
-from .conftest import REPO_ROOT, local_connect_server
+from tests.conftest import REPO_ROOT, local_connect_server
 
 README = os.path.join(REPO_ROOT, "README.md")
 _BLOCK = re.compile(r"^(?:<!-- (example|continues|not run): (.*?) -->\n)?```python\n(.*?)^```",

@@ -16,10 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-
-from . import models
-from .conftest import REPO_ROOT, run_score_job
-from .conftest import submit_score_job as submit
+from tests import models
+from tests.conftest import REPO_ROOT, run_score_job
+from tests.conftest import submit_score_job as submit
 
 FEATURES = [f"f{i}" for i in range(6)]
 
@@ -375,15 +374,15 @@ def test_connect_path_never_touches_the_jvm():
                 or (isinstance(node, ast.Name) and node.id in jvm)
                 or (isinstance(node, ast.alias) and node.name in jvm)}
 
-    assert jvm_users(tree_of("jobs", "score.py")) == set()
-    assert jvm_users(tree_of("jobs", "score_errors.py")) == set()
-    assert jvm_users(tree_of("jobs", "score_session.py")) == {"classic_session"}
+    assert jvm_users(tree_of("jobs", "score", "main.py")) == set()
+    assert jvm_users(tree_of("jobs", "score", "errors.py")) == set()
+    assert jvm_users(tree_of("jobs", "score", "session.py")) == {"classic_session"}
     paths = tree_of("spark", "paths.py")
     assert jvm_users(paths) == {"hadoop_filesystem"}
     arrow = next(top for top in paths.body if getattr(top, "name", None) == "ArrowPaths")
     assert not {n.id for n in ast.walk(arrow) if isinstance(n, ast.Name)} & {
         "hadoop_filesystem", "hadoop_qualified"}
-    run = tree_of("jobs", "score_run.py")
+    run = tree_of("jobs", "score", "run.py")
     assert jvm_users(run) == set()
     classic = {"classic_session", "HadoopPaths"}
     open_ = next(top for top in run.body if getattr(top, "name", None) == "_open")

@@ -1,5 +1,5 @@
 """One job at a time per output (issue 46's review): the lease a resumable score run holds
-on its output (:mod:`spark_keras.jobs.score_lease`), on local files through the path layer
+on its output (:mod:`spark_keras.jobs.score.lease`), on local files through the path layer
 the job uses on Spark Connect (``ArrowPaths``), with real processes; and two real score
 jobs started together on one output (slow)."""
 
@@ -15,12 +15,11 @@ import time
 
 import pytest
 
-from spark_keras.jobs import score_lease
-from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_lease import Lease, Leases, lease_folder
+from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.lease import Lease, Leases, lease_folder
 from spark_keras.spark.paths import ArrowPaths
-
-from .conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture
@@ -169,8 +168,8 @@ def test_a_damaged_holder_file_is_taken_over_at_once(tmp_path, quick):
 
 _CLAIM_AND_HOLD = """
 import sys, time
-from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_lease import Lease
+from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.lease import Lease
 from spark_keras.spark.paths import ArrowPaths
 lease = Lease(ArrowPaths(), sys.argv[1])
 try:
@@ -256,8 +255,7 @@ def test_two_resumable_jobs_on_one_output_one_runs_the_other_is_refused(tmp_path
     import pyarrow.parquet as pq
 
     import spark_keras as sk
-
-    from . import models
+    from tests import models
 
     data = tmp_path / "in"
     data.mkdir()

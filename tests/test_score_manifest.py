@@ -10,12 +10,10 @@ import re
 
 import pytest
 
-from spark_keras.jobs import score_commits as commits
-from spark_keras.jobs.score import parse_args
-from spark_keras.jobs.score_run import manifest_options
+from spark_keras.jobs.score import commits, parse_args
+from spark_keras.jobs.score.run import manifest_options
 from spark_keras.spark.paths import ArrowPaths
-
-from .conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 # a changed value of each option the README refuses: (both runs', the second run's) options
 CHANGES = {

@@ -23,15 +23,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs import score_commits as commits
-from spark_keras.jobs import score_lease
-from spark_keras.jobs.score import parse_args
-from spark_keras.jobs.score_run import score
+from spark_keras.jobs.score import commits, parse_args
+from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.run import score
 from spark_keras.spark.paths import HadoopPaths
-
-from . import models
-from .test_score_lease import _holder
-from .test_score_resume import refusal
+from tests import models
+from tests.test_score_lease import _holder
+from tests.test_score_resume import refusal
 
 ROWS = 40  # per input file
 FILES = 4  # k=0/part-0, k=0/part-1, k=1/part-2, k=1/part-3
@@ -204,7 +202,7 @@ def test_the_output_and_the_quarantine_are_scored_once(spark, data, tmp_path):
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    from spark_keras.jobs.score_outputs import Outputs
+    from spark_keras.jobs.score.outputs import Outputs
 
     calls = tmp_path / "calls"
     calls.mkdir()
@@ -314,9 +312,9 @@ def test_a_run_interrupted_while_taking_its_leases_holds_none(spark, data, tmp_p
 def test_a_plain_run_does_not_replace_an_output_published_while_it_scored(spark, data, tmp_path):
     """Without --overwrite, an output that another job published after this one's check
     (before its lease) is not replaced at the end: refused, the staging folder removed."""
-    from spark_keras.jobs.score_errors import JobError
-    from spark_keras.jobs.score_outputs import Outputs
-    from spark_keras.jobs.score_run import _publish
+    from spark_keras.jobs.score.errors import JobError
+    from spark_keras.jobs.score.outputs import Outputs
+    from spark_keras.jobs.score.run import _publish
 
     out = tmp_path / "out"
     frame = spark.read.parquet(str(data / "scalar"))
@@ -472,7 +470,7 @@ def test_a_table_not_made_yet_is_leased_where_spark_will_make_it(spark, data, tm
     making that table) refuses a plain run into it before anything is written (there was
     no lease: the plain run replaced the table that job made while it scored), and the
     lease leaves nothing behind."""
-    from spark_keras.jobs.score_outputs import table_folder, table_location
+    from spark_keras.jobs.score.outputs import table_folder, table_location
 
     spark.sql(f"CREATE DATABASE sk_job_later LOCATION '{tmp_path / folder}'")
     try:
@@ -495,10 +493,10 @@ def test_a_table_run_taken_over_before_its_write_leaves_the_table(spark, data, d
     """Spark's writer publishes a table as it writes: the leases are checked as that
     write begins (they were checked after it: the table replaced, then 'stops before
     publishing anything more')."""
-    from spark_keras.jobs.score_errors import JobError
-    from spark_keras.jobs.score_lease import Leases
-    from spark_keras.jobs.score_outputs import Outputs, table_location
-    from spark_keras.jobs.score_run import _publish
+    from spark_keras.jobs.score.errors import JobError
+    from spark_keras.jobs.score.lease import Leases
+    from spark_keras.jobs.score.outputs import Outputs, table_location
+    from spark_keras.jobs.score.run import _publish
 
     name = f"{database}.kept"
     spark.sql(f"CREATE TABLE {name} (id long, note string) USING parquet")

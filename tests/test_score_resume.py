@@ -22,14 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs import score_commits as commits
-from spark_keras.jobs.score import parse_args
-from spark_keras.jobs.score_errors import JobError, outcome
-from spark_keras.jobs.score_run import score
+from spark_keras.jobs.score import commits, parse_args
+from spark_keras.jobs.score.errors import JobError, outcome
+from spark_keras.jobs.score.run import score
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths, glob_escaped, join, write_whole
-
-from . import models
-from .conftest import REPO_ROOT, run_score_job
+from tests import models
+from tests.conftest import REPO_ROOT, run_score_job
 
 ROWS = 300  # per input file
 
@@ -442,7 +440,7 @@ def test_connect_progress_counts_the_stages_not_done():
     """Spark Connect's handler gets every stage of the operation, done or not."""
     from pyspark.sql.connect.shell.progress import StageInfo
 
-    from spark_keras.jobs.score_progress import running_tasks
+    from spark_keras.jobs.score.progress import running_tasks
 
     stages = [StageInfo(stage_id=0, num_tasks=4, num_completed_tasks=4, num_bytes_read=10,
                         done=True),

@@ -20,15 +20,14 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.jobs.score import parse_args
-from spark_keras.jobs.score_errors import JobError, outcome
-from spark_keras.jobs.score_lease import Lease, lease_folder
-from spark_keras.jobs.score_run import score
-from spark_keras.jobs.score_trust import hadoop_owner
+from spark_keras.jobs.score.errors import JobError, outcome
+from spark_keras.jobs.score.lease import Lease, lease_folder
+from spark_keras.jobs.score.run import score
+from spark_keras.jobs.score.trust import hadoop_owner
 from spark_keras.spark.paths import ArrowPaths, HadoopPaths
-
-from . import models
-from .conftest import REPO_ROOT, run_score_job
-from .other_user import NAME, give_to_other_user, other_user
+from tests import models
+from tests.conftest import REPO_ROOT, run_score_job
+from tests.other_user import NAME, give_to_other_user, other_user
 
 ROWS = 100  # per input file, one file a group
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -264,8 +263,8 @@ def test_a_record_naming_what_the_job_never_writes_is_refused(spark, made, tmp_p
 
 _TAKE = """
 import sys
-from spark_keras.jobs.score_errors import JobError
-from spark_keras.jobs.score_lease import Lease
+from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.lease import Lease
 from spark_keras.spark.paths import ArrowPaths
 try:
     with Lease(ArrowPaths(), sys.argv[1]):

@@ -17,8 +17,7 @@ import spark_keras as sk
 from spark_keras.inference import predictor_for
 from spark_keras.payload import codec, host_file, mapped
 from spark_keras.payload.shipment import Shipment
-
-from . import models
+from tests import models
 
 pytestmark = pytest.mark.timeout(300)
 

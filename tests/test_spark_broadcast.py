@@ -11,9 +11,8 @@ import pytest
 from pyspark.ml.linalg import SparseVector, Vectors
 
 import spark_keras as sk
-
-from . import models
-from .conftest import builds_by_worker, worker_cache_infos
+from tests import models
+from tests.conftest import builds_by_worker, worker_cache_infos
 
 N_ROWS = 400
 PARTITIONS = 20

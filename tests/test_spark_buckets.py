@@ -16,11 +16,10 @@ import pytest
 import spark_keras as sk
 from spark_keras.errors import ArgumentError
 from spark_keras.ml import KerasTransformer
-
-from . import models
-from .conftest import run_score_job
-from .conftest import submit_score_job as submit
-from .test_buckets import alone, max_pooled, rows_of, two_sequences_model
+from tests import models
+from tests.conftest import run_score_job
+from tests.conftest import submit_score_job as submit
+from tests.test_buckets import alone, max_pooled, rows_of, two_sequences_model
 
 pytestmark = pytest.mark.timeout(600)
 

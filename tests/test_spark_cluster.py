@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
-
-from . import models
-from .conftest import DAEMON, builds_by_worker, make_spark, preloaded_daemons
+from tests import models
+from tests.conftest import DAEMON, builds_by_worker, make_spark, preloaded_daemons
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +106,7 @@ def test_worker_killed_mid_task_every_row_exactly_once(cluster, build_log, tmp_p
 
 @pytest.mark.slow  # local-cluster: about 30 s
 def test_each_executor_forks_its_workers_from_a_preloaded_daemon(cluster, build_log):
-    if DAEMON != "spark_keras.spark.daemon":
+    if DAEMON != "spark_keras.executor.daemon":
         pytest.skip("the suite runs on the stock daemon (SPARK_KERAS_TEST_DAEMON)")
     daemons = preloaded_daemons(cluster, build_log, partitions=12)
     assert len(daemons) == 2, daemons  # one per executor
@@ -118,7 +117,7 @@ def test_an_update_and_keyed_models_cross_executors(cluster, build_log):
     """Both executors ask the driver for the version and read version 2 from it (a
     DataFrame planned before the update scores with it, exactly); KeyedModels' models,
     read from the driver by the executors that meet their keys, score exactly too."""
-    from .test_spark_keyed import _assert_exact, _frame, _rows
+    from tests.test_spark_keyed import _assert_exact, _frame, _rows
 
     v1, v2 = (models.mlp(n_features=4, hidden=8, name=f"cross{i}") for i in (1, 2))
     rows = _rows(["a", "b", "c"], seed=5)

@@ -15,9 +15,8 @@ pytest.importorskip("zstandard")
 
 import spark_keras as sk  # noqa: E402
 from spark_keras.inference import predictor_for  # noqa: E402
-
-from . import models  # noqa: E402
-from .conftest import run_script  # noqa: E402
+from tests import models  # noqa: E402
+from tests.conftest import run_script  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -46,7 +45,7 @@ def _exact(model, inputs):
 
 
 def test_connect_session_has_no_broadcast_and_we_do_not_need_one(connect):
-    from spark_keras.spark.transport import is_connect
+    from spark_keras.executor.transport import is_connect
 
     assert is_connect(connect) and not hasattr(connect, "_sc")
     bm = sk.BroadcastModel(connect, models.mlp(4, 8, 1))
@@ -134,7 +133,7 @@ def test_errors_on_connect_are_clear(connect):
     with pytest.raises(sk.SparkKerasError, match="Spark Connect has no RDDs.*transform"):
         list(bm.predict_partition(iter([[1.0, 2.0, 3.0]])))
 
-    from spark_keras.spark.transport import ArtifactTransport
+    from spark_keras.executor.transport import ArtifactTransport
 
     lost = sk.BroadcastModel(connect, models.mlp(3, 8, 1))
     lost.signature  # noqa: B018  (read on the driver while it has the model)
@@ -237,7 +236,7 @@ def _executor_files(connect, handle=None) -> dict[str, list[str]]:
     import pyarrow as pa
 
     def report(batches):
-        from spark_keras.spark.transport import executor_folder
+        from spark_keras.executor.transport import executor_folder
 
         if handle is not None:
             handle.release_stale()  # a live handle carries the released keys
@@ -274,8 +273,8 @@ def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_pat
 def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tmp_path):
     """As on classic Spark (tests/test_spark_versions.py): the workers ask this client
     process which version each micro-batch scores with, and read new versions from it."""
-    from .test_spark_streaming import Source
-    from .test_spark_versions import _assert_scored_by, _sink, _stream
+    from tests.test_spark_streaming import Source
+    from tests.test_spark_versions import _assert_scored_by, _sink, _stream
 
     versions = [models.mlp(n_features=8, hidden=16, name=f"c{i}") for i in range(3)]
     source = Source(tmp_path / "in")
@@ -299,7 +298,7 @@ def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tm
 
 
 def test_keyed_models_on_connect(connect):
-    from .test_spark_keyed import _assert_exact, _frame, _rows
+    from tests.test_spark_keyed import _assert_exact, _frame, _rows
 
     by_key = {k: models.mlp(n_features=4, hidden=8, name=f"model_{k}") for k in ("a", "b", "c")}
     km = sk.KeyedModels(connect, by_key)

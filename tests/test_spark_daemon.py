@@ -1,4 +1,4 @@
-"""The preloading daemon (``spark.python.daemon.module=spark_keras.spark.daemon``):
+"""The preloading daemon (``spark.python.daemon.module=spark_keras.executor.daemon``):
 workers fork from a daemon that imported TensorFlow, Keras and the SPARK_KERAS_PRELOAD
 modules without starting TensorFlow's runtime or any thread a fork does not stop (BLAS
 pools of tasks with two CPUs are stopped by a fork), score bit-identically on every
@@ -21,12 +21,11 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.inference import predictor_for
+from tests import models
+from tests.conftest import REPO_ROOT, builds_by_worker, daemon_reports, make_spark, preloaded_daemons
+from tests.preload.layers import Scale
 
-from . import models
-from .conftest import REPO_ROOT, builds_by_worker, daemon_reports, make_spark, preloaded_daemons
-from .preload.layers import Scale
-
-DAEMON = "spark_keras.spark.daemon"
+DAEMON = "spark_keras.executor.daemon"
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +46,10 @@ def scaled_mlp() -> keras.Model:
 
 
 def test_starting_the_daemon_module_imports_nothing_that_starts_a_thread():
-    """``python -m spark_keras.spark.daemon`` imports its package first: pyarrow (whose
+    """``python -m spark_keras.executor.daemon`` imports its package first: pyarrow (whose
     allocator starts a thread as it loads), PySpark or TensorFlow imported there would run
     before the daemon's guard, and every daemon would fall back to the stock one."""
-    code = ("import sys, spark_keras.spark.daemon as d; "
+    code = ("import sys, spark_keras.executor.daemon as d; "
             "print(sorted(m for m in ('pyarrow', 'pandas', 'pyspark', 'tensorflow', 'keras') "
             "if m in sys.modules), d.native_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -181,7 +180,7 @@ def test_a_daemon_with_two_cpus_preloads_though_blas_started_threads(tmp_path):
     (scipy also comes with TensorFlow here) start pool threads as they load. A fork stops
     them (OpenBLAS's fork handler): the daemon preloads and forks with no other thread."""
     report, cmdline, stderr = start_daemon(tmp_path, "scipy.linalg", cpus="2")
-    assert report["refused"] is None and b"spark_keras.spark.daemon" in cmdline, report
+    assert report["refused"] is None and b"spark_keras.executor.daemon" in cmdline, report
     assert "scipy.linalg" in report["preloaded"] and "spark_keras daemon" not in stderr, stderr
     assert len(report["threads"]) >= 3 and report["threads_at_fork"] == ["python"], report
 

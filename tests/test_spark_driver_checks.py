@@ -14,8 +14,7 @@ from pyspark.ml.functions import array_to_vector
 
 import spark_keras as sk
 from spark_keras.ml import KerasTransformer
-
-from . import models
+from tests import models
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ import spark_keras as sk
 from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import model_inputs
 from spark_keras.inference.signature import Signature, TensorSpec
-
-from . import models
+from tests import models
 
 pytestmark = pytest.mark.timeout(600)
 

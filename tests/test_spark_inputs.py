@@ -24,9 +24,8 @@ except ImportError:  # PySpark 3.5
     from pyspark.rdd import PythonEvalType
 
 import spark_keras as sk
-
-from . import models
-from .conftest import builds_by_worker
+from tests import models
+from tests.conftest import builds_by_worker
 
 NAN, INF = float("nan"), float("inf")
 ATOL = 1e-6

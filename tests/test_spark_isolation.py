@@ -14,9 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-
-from . import models
-from .conftest import make_spark
+from tests import models
+from tests.conftest import make_spark
 
 
 def _no_negatives(batch: pd.DataFrame) -> np.ndarray:

@@ -17,8 +17,8 @@ import pytest
 import spark_keras as sk
 from bench import large_bench
 from spark_keras.cache import read_build_log
-from spark_keras.spark import driver_payload
-from spark_keras.spark.transport import BroadcastTransport, ServedTransport
+from spark_keras.executor import driver_payload
+from spark_keras.executor.transport import BroadcastTransport, ServedTransport
 
 MB = 2**20
 
@@ -143,7 +143,7 @@ def test_a_payload_larger_than_every_heap_crosses_executors():
 
 
 def test_a_payload_that_cannot_load_leaves_no_file_on_the_driver(spark, tmp_path):
-    from spark_keras.spark import version_server
+    from spark_keras.channel import version_server
 
     path = str(tmp_path / "damaged.skp")
     sk.save(wide_model(8), path)
@@ -162,7 +162,7 @@ def test_a_payload_that_cannot_load_leaves_no_file_on_the_driver(spark, tmp_path
 def test_a_refused_update_leaves_no_file_on_the_driver(spark, tmp_path):
     """A large model that does not fit the handle's inputs: refused before its payload
     is written (a model), or once read (a file), leaving nothing in the driver's folder."""
-    from spark_keras.spark import version_server
+    from spark_keras.channel import version_server
 
     small = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     bm = sk.BroadcastModel(spark, small, ship="driver")  # the driver's folder exists

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from .conftest import run_script
+from tests.conftest import run_script
 
 DRIVER = textwrap.dedent('''
     import sys, numpy as np, keras

@@ -19,9 +19,8 @@ import spark_keras as sk
 from spark_keras.inference import predictor_for
 from spark_keras.ml import KerasTransformer
 from spark_keras.payload.stored import body_digest
-
-from . import models
-from .conftest import REPO_ROOT, builds_by_worker
+from tests import models
+from tests.conftest import REPO_ROOT, builds_by_worker
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -14,9 +14,8 @@ pytest.importorskip("zstandard")
 
 from spark_keras.inference import predictor_for  # noqa: E402
 from spark_keras.ml import KerasTransformer  # noqa: E402
-
-from . import models  # noqa: E402
-from .conftest import worker_cache_infos  # noqa: E402
+from tests import models  # noqa: E402
+from tests.conftest import worker_cache_infos  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -26,7 +25,7 @@ def test_pipeline_fit_save_load_on_connect(connect, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import SQLTransformer, StandardScaler, VectorAssembler
 
-    from spark_keras.spark.transport import is_connect
+    from spark_keras.executor.transport import is_connect
 
     assert is_connect(connect)
     x = np.random.default_rng(7).standard_normal((120, 3)) * [1.0, 50.0, 0.02]

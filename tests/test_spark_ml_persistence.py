@@ -15,8 +15,7 @@ import spark_keras as sk
 from spark_keras.inference import predictor_for
 from spark_keras.ml import KerasTransformer
 from spark_keras.spark import paths
-
-from . import models
+from tests import models
 
 pytestmark = pytest.mark.timeout(600)
 

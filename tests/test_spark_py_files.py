@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
-from spark_keras.spark.environment import _holds_package
-
-from . import models
-from .conftest import REPO_ROOT, make_spark
+from spark_keras.executor.environment import _holds_package
+from tests import models
+from tests.conftest import REPO_ROOT, make_spark
 
 USER_MODULE = "def double(x):\n    return 2 * x\n"
 
@@ -59,7 +58,7 @@ def spark_with_own_module(build_log, tmp_path_factory):
     (folder / "spark_keras_udfs.py").write_text(USER_MODULE)
     session = make_spark("local[1]", build_log, **{
         "spark.submit.pyFiles": str(folder / "spark_keras_udfs.py"),
-        "spark.python.daemon.module": "spark_keras.spark.daemon"})
+        "spark.python.daemon.module": "spark_keras.executor.daemon"})
     yield session
     session.stop()
 

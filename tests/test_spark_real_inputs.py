@@ -11,9 +11,8 @@ import tensorflow as tf
 
 import spark_keras as sk
 from spark_keras.multiprocessing import pool_predict
-
-from . import models
-from .conftest import build_records, builds_by_worker, text_frame
+from tests import models
+from tests.conftest import build_records, builds_by_worker, text_frame
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -11,11 +11,10 @@ import pyarrow as pa
 import pytest
 
 import spark_keras as sk
-from spark_keras.spark.transport import BroadcastTransport
-
-from . import models
-from .conftest import builds_by_worker, make_spark, run_script, worker_cache_infos
-from .test_payload_integrity import rewrite_header
+from spark_keras.executor.transport import BroadcastTransport
+from tests import models
+from tests.conftest import builds_by_worker, make_spark, run_script, worker_cache_infos
+from tests.test_payload_integrity import rewrite_header
 
 CACHE_LIMIT = 3
 SLOTS = 2  # local[2]: at most two Python workers per pool (SQL, RDD) build a model

@@ -17,11 +17,10 @@ from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 import spark_keras as sk
 from spark_keras.cache import read_build_log
 from spark_keras.errors import ArgumentError, ArgumentTypeError
-from spark_keras.spark import resources
-
-from . import models
-from . import test_spark_daemon as daemon_tests
-from .conftest import DAEMON, daemon_reports, make_spark, preloaded_daemons
+from spark_keras.executor import resources
+from tests import models
+from tests import test_spark_daemon as daemon_tests
+from tests.conftest import DAEMON, daemon_reports, make_spark, preloaded_daemons
 
 # a local-cluster[2,2,1024] with fake GPUs of its own: about 75 s in all
 pytestmark = pytest.mark.slow
@@ -132,7 +131,7 @@ def test_a_stage_profile_with_two_cpus_gives_tensorflow_two_threads(cluster, cas
     for r in records:
         assert (r["task_cpus"], r["intra_op_threads"], r["inter_op_threads"]) == (2, 2, 2), r
         assert r["requested_device"] is None and r["key"] == bm.key, r  # no GPU asked
-    if DAEMON == "spark_keras.spark.daemon":  # numpy's and scipy's BLAS pools ran in the
+    if DAEMON == "spark_keras.executor.daemon":  # numpy's and scipy's BLAS pools ran in the
         # daemon (OMP_NUM_THREADS=2): it still preloaded, and its workers' pools have 2 threads
         import pyarrow as pa
 
@@ -209,7 +208,7 @@ def test_a_daemon_that_lists_tensorflow_devices_does_not_fork(tmp_path):
         tmp_path, "tests.preload.lists_devices", "preloading listed TensorFlow's devices")
 
 
-@pytest.mark.skipif(DAEMON != "spark_keras.spark.daemon", reason="the stock daemon is tested")
+@pytest.mark.skipif(DAEMON != "spark_keras.executor.daemon", reason="the stock daemon is tested")
 def test_the_daemon_preloads_without_listing_devices(cluster, build_log):
     reports = preloaded_daemons(cluster, build_log)
     assert all(r["tensorflow_devices_listed"] is False for r in reports), reports

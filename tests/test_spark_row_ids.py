@@ -10,8 +10,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.ml import KerasTransformer
-
-from . import models
+from tests import models
 
 NAN = float("nan")
 

@@ -11,12 +11,11 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.cache import read_build_log
+from spark_keras.executor.transport import executor_folder
 from spark_keras.payload import host_file
-from spark_keras.spark.transport import executor_folder
-
-from . import models
-from .conftest import builds_by_worker, make_spark, worker_cache_infos
-from .test_spark_cluster import observations
+from tests import models
+from tests.conftest import builds_by_worker, make_spark, worker_cache_infos
+from tests.test_spark_cluster import observations
 
 
 @pytest.fixture(scope="module")

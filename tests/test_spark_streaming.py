@@ -20,9 +20,8 @@ import pytest
 import spark_keras as sk
 from spark_keras.cache import read_build_log
 from spark_keras.inference import predictor_for
-
-from . import models
-from .conftest import REPO_ROOT, builds_by_worker
+from tests import models
+from tests.conftest import REPO_ROOT, builds_by_worker
 
 SCHEMA = "id long, features array<float>"
 ROWS_PER_FILE = 40
@@ -272,7 +271,7 @@ def executor_state(spark) -> dict[int, dict]:
     executor's folder. Ships no handle, so it releases nothing itself."""
     import json
 
-    from spark_keras.spark.transport import executor_folder
+    from spark_keras.executor.transport import executor_folder
 
     def report(batches):
         for _ in batches:

@@ -14,13 +14,12 @@ import pyarrow as pa
 import pytest
 
 import spark_keras as sk
+from spark_keras.channel.versions import Schedule, Version, scope_of
 from spark_keras.inference import predictor_for
-from spark_keras.spark.versions import Schedule, Version, scope_of
-
-from . import models
-from .conftest import builds_by_worker
-from .test_channel_security import _model
-from .test_spark_streaming import Source, executor_state
+from tests import models
+from tests.conftest import builds_by_worker
+from tests.test_channel_security import _model
+from tests.test_spark_streaming import Source, executor_state
 
 # --- the schedule (no Spark) ----------------------------------------------------------
 
@@ -48,7 +47,7 @@ def test_a_scope_keeps_the_version_it_was_first_given_and_old_versions_are_relea
 def test_the_version_server_answers_only_those_with_its_token():
     import io
 
-    from spark_keras.spark.version_server import Address, Server, ask, download
+    from spark_keras.channel.version_server import Address, Server, ask, download
 
     server = Server("127.0.0.1")
     try:
@@ -71,8 +70,8 @@ def test_a_worker_that_cannot_reach_the_driver_fails_unless_the_driver_opted_in(
     import socket
     import types
 
-    from spark_keras.spark import task_version
-    from spark_keras.spark.version_server import Address
+    from spark_keras.channel.version_server import Address
+    from spark_keras.executor import task_version
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -293,7 +292,7 @@ def _rebuild_everywhere(spark) -> None:
     executor's payload files are gone, so the next task builds from the source again."""
     def forget(batches):
         from spark_keras.cache import model_cache
-        from spark_keras.spark.transport import executor_folder
+        from spark_keras.executor.transport import executor_folder
 
         for _ in batches:
             pass

@@ -18,9 +18,8 @@ import spark_keras as sk
 from spark_keras import storage
 from spark_keras.inference import predictor_for
 from spark_keras.payload.stored import StoredModel, body_digest, open_model
-
-from . import models
-from .conftest import builds_by_worker, worker_cache_infos
+from tests import models
+from tests.conftest import builds_by_worker, worker_cache_infos
 
 
 def _keras_bytes(model, tmp_path) -> bytes:
@@ -237,7 +236,7 @@ def test_a_model_changed_or_damaged_in_storage_is_refused(spark, s3):
 
 
 def test_a_file_uri_model_after_unpersist_and_destroy(spark, build_log, tmp_path):
-    from spark_keras.spark.transport import executor_folder
+    from spark_keras.executor.transport import executor_folder
 
     model = models.mlp(4, 8, 2)
     sk.save(model, tmp_path / "m.skp")

@@ -26,8 +26,7 @@ if flavour.legacy_requested():
 
 import spark_keras as sk  # noqa: E402
 from spark_keras.errors import PayloadError  # noqa: E402
-
-from .conftest import DAEMON, REPO_ROOT, builds_by_worker, make_spark, preloaded_daemons  # noqa: E402
+from tests.conftest import DAEMON, REPO_ROOT, builds_by_worker, make_spark, preloaded_daemons  # noqa: E402
 
 
 def seed_model(rng, fit: bool = True):
@@ -266,7 +265,7 @@ def test_seed_001_broadcast_scores_on_executors(cluster, build_log):
     assert builds and all(n == 1 for n in builds.values()), builds
     assert len(builds) >= 2  # one build in each executor's Python worker, at least
     bm.destroy()
-    if DAEMON == "spark_keras.spark.daemon":  # the workers forked from daemons with tf-keras loaded
+    if DAEMON == "spark_keras.executor.daemon":  # the workers forked from daemons with tf-keras loaded
         daemons = preloaded_daemons(cluster, build_log)
         assert len(daemons) == 2 and all(d["keras"].startswith("tf_keras 2.") for d in daemons), daemons
 
@@ -322,7 +321,7 @@ if __name__ == "__main__":
 
 
 def test_seed_003_spawned_process_receives_model_with_main_layer(tmp_path):
-    from .conftest import run_script
+    from tests.conftest import run_script
 
     run_script(tmp_path, SEED_003_SCRIPT, "SPAWN-OK")  # inherits TF_USE_LEGACY_KERAS=1
 
@@ -342,7 +341,7 @@ def test_spawned_pool_scores_tf_keras_model(rng):
 def test_score_job_runs_tf_keras_model(tmp_path):
     import pandas as pd
 
-    from .conftest import submit_score_job
+    from tests.conftest import submit_score_job
 
     rng = np.random.default_rng(3)
     model = seed_model(rng, fit=False)

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 import spark_keras as sk
+from spark_keras.channel import version_server
 from spark_keras.inference import predictor_for
-from spark_keras.spark import version_server
-
-from . import models
-from .conftest import DAEMON, REPO_ROOT
-from .test_spark_streaming import executor_state
+from tests import models
+from tests.conftest import DAEMON, REPO_ROOT
+from tests.test_spark_streaming import executor_state
 
 
 def _frame(spark, x):

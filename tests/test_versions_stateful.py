@@ -71,10 +71,9 @@ from hypothesis.stateful import (
 )
 
 import spark_keras as sk
-from spark_keras.spark import version_server
-
-from . import conftest
-from .test_spark_streaming import executor_state
+from spark_keras.channel import version_server
+from tests import conftest
+from tests.test_spark_streaming import executor_state
 
 ROWS, PARTITIONS = 8, 2
 KINDS = ("broadcast", "driver", "watched")  # ship="auto" (a broadcast), ship="driver", a URI
@@ -729,7 +728,7 @@ def _remove_in_the_executor(spark: Any, names: list[str]) -> None:
     prefixes = tuple(names)
 
     def remove(batches: Any) -> Any:
-        from spark_keras.spark.transport import executor_folder
+        from spark_keras.executor.transport import executor_folder
 
         for _ in batches:
             pass
@@ -902,8 +901,8 @@ def test_a_damaged_copy_another_worker_wrote_is_rewritten_from_the_driver(spark,
     from the driver's copy, as the first worker's does: it read storage again (a first
     write of its own) and failed the action with 'payload corrupted'. Here the first
     worker's file is placed by a task before the action."""
+    from spark_keras.executor.transport import executor_folder
     from spark_keras.payload import host_file
-    from spark_keras.spark.transport import executor_folder
 
     spark = _session(spark)
     path = tmp_path / "current.skp"

@@ -7,10 +7,10 @@ shaped per front-end (``outputs``).
 Importing this package does not import pyarrow (the Spark worker daemon imports it
 before it may start Arrow's threads): import ``engine`` and the rest by module."""
 
-from .options import DEFAULT_BATCH_SIZE
-from .predictor import Predictor, predictor_for
-from .signature import signature_of
-from .specs import Signature, TensorSpec
+from spark_keras.inference.options import DEFAULT_BATCH_SIZE
+from spark_keras.inference.predictor import Predictor, predictor_for
+from spark_keras.inference.signature import signature_of
+from spark_keras.inference.specs import Signature, TensorSpec
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Predictor", "predictor_for", "Signature", "TensorSpec",
            "signature_of"]

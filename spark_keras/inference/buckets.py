@@ -25,9 +25,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentError
-from .options import PYTHON, Buckets, Spelling, check_buckets
-from .specs import TensorSpec
+from spark_keras.errors import ArgumentError
+from spark_keras.inference.options import PYTHON, Buckets, Spelling, check_buckets
+from spark_keras.inference.specs import TensorSpec
 
 CANDIDATES = 256  # the most distinct lengths the dynamic programme weighs (else quantiles)
 

@@ -30,8 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..cache import note_call_rows
-from .isolation import reason_text
+from spark_keras.cache import note_call_rows
+from spark_keras.inference.isolation import reason_text
 
 logger = logging.getLogger("spark_keras")
 

@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ModelInputError
-from .rows import RowNames
-from .specs import TensorSpec
+from spark_keras.errors import ModelInputError
+from spark_keras.inference.rows import RowNames
+from spark_keras.inference.specs import TensorSpec
 
 VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
 IMAGE_FIELDS = frozenset({"height", "width", "nChannels", "mode", "data"})  # Spark's image rows

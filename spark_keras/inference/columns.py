@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import ModelInputError
-from .signature import Signature, TensorSpec
-from .walk import kind
+from spark_keras.errors import ModelInputError
+from spark_keras.inference.signature import Signature, TensorSpec
+from spark_keras.inference.walk import kind
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelCallError, ModelInputError
-from .column_read import ColumnRead, kind, leaf_kind
-from .columns import Columns, assign, flat
-from .isolation import RowFailure, columns_text, reason, reason_class, reason_text
-from .options import Buckets, check_on_invalid
-from .rows import RowNames
-from .specs import Signature, TensorSpec, empty_outputs
-from .walk import read_column
+from spark_keras.errors import ModelCallError, ModelInputError
+from spark_keras.inference.column_read import ColumnRead, kind, leaf_kind
+from spark_keras.inference.columns import Columns, assign, flat
+from spark_keras.inference.isolation import RowFailure, columns_text, reason, reason_class, reason_text
+from spark_keras.inference.options import Buckets, check_on_invalid
+from spark_keras.inference.rows import RowNames
+from spark_keras.inference.specs import Signature, TensorSpec, empty_outputs
+from spark_keras.inference.walk import read_column
 
 
 @dataclass(frozen=True)

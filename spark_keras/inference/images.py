@@ -23,9 +23,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ModelInputError
-from .column_read import IMAGE_DATA, IMAGE_MODE, IMAGE_SIZE, NULL, ColumnRead, Problem, nulls, runs
-from .specs import TensorSpec
+from spark_keras.errors import ModelInputError
+from spark_keras.inference.column_read import (
+    IMAGE_DATA,
+    IMAGE_MODE,
+    IMAGE_SIZE,
+    NULL,
+    ColumnRead,
+    Problem,
+    nulls,
+    runs,
+)
+from spark_keras.inference.specs import TensorSpec
 
 # OpenCV types Spark's reader produces for 8-bit images: CV_8UC1, CV_8UC3, CV_8UC4
 _EIGHT_BIT_MODES = {0: 1, 16: 3, 24: 4}
@@ -206,7 +215,7 @@ def convert_channels(pixels: np.ndarray, channels: int) -> np.ndarray:
 def resized(pixels: np.ndarray, height: int, width: int, interpolation: str) -> np.ndarray:
     """``(H, W, C)`` uint8 pixels resized by PIL as ``load_img(target_size=(height,
     width), interpolation=...)`` resizes them."""
-    from .._deps import require
+    from spark_keras._deps import require
 
     require("PIL", "resize= on image columns", "images")
     from PIL import Image

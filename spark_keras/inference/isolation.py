@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Generic, Sequence, TypeVar, cast
 
-from ..errors import SparkKerasError
+from spark_keras.errors import SparkKerasError
 
 T = TypeVar("T")
 Range = tuple[int, int]  # rows a to b

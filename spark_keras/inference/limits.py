@@ -18,7 +18,7 @@ What the rows are counted over, on Spark (``max_invalid_scope``):
   does every later report of the action, so the job aborts within a batch or so (the
   retries Spark makes fail at once). A fraction is judged once every task of a stage
   that scored has reported its last batch, or the stage's other tasks (which do not score
-  with it: a ``union``) ended (:mod:`spark_keras.spark.budget_fraction`; Spark's tasks of
+  with it: a ``union``) ended (:mod:`spark_keras.channel.budget_fraction`; Spark's tasks of
   the stage: classic Spark's status tracker; on Connect the execution progress the server
   sends the client every ``spark.connect.progress.reportInterval``, 2 s by default: the
   last tasks of a stage shorter than that wait for it), against the action's rows: one
@@ -26,7 +26,7 @@ What the rows are counted over, on Spark (``max_invalid_scope``):
   over it. The limit is the driver's, registered as it made the budget; reports naming a
   stage that does not run are refused. Where the driver cannot tell (the driver
   unreachable or refusing, a fraction in a stream on Connect, progress that never comes,
-  a ledger full: :data:`~spark_keras.spark.budget_ledger.MAX_BYTES`) a task falls back to
+  a ledger full: :data:`~spark_keras.channel.budget_ledger.MAX_BYTES`) a task falls back to
   counting alone, as with ``"task"`` (warned once), never to a count started again.
   An action that scores its partitions in several jobs (``take``, ``show``, ``limit``)
   counts its largest job's.
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InvalidRowsError
+from spark_keras.errors import InvalidRowsError
 
 if TYPE_CHECKING:
-    from .engine import Scored
+    from spark_keras.inference.engine import Scored
 
 # how many of the first reasons an InvalidRowsError quotes
 QUOTED_REASONS = 3

@@ -39,12 +39,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .. import flavour
-from ..errors import ArgumentError
-from .buckets import Padding, trimmed
-from .isolation import reason_text
-from .signature import graph_of, input_tensors
-from .specs import Signature, TensorSpec
+from spark_keras import flavour
+from spark_keras.errors import ArgumentError
+from spark_keras.inference.buckets import Padding, trimmed
+from spark_keras.inference.isolation import reason_text
+from spark_keras.inference.signature import graph_of, input_tensors
+from spark_keras.inference.specs import Signature, TensorSpec
 
 TOLERANCE = 1e-5  # of the probe: padded against alone, relative to each value's scale
 FLOOR = 1e-7  # of the probe: the least difference it tells from none (values near 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ArgumentError
+from spark_keras.errors import ArgumentError
 
 DEFAULT_BATCH_SIZE = 1024
 ON_INVALID = ("error", "null")

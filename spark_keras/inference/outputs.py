@@ -10,9 +10,9 @@ from typing import Any, Container, Iterator, Sequence, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ModelError
-from .engine import Scored
-from .specs import Signature, TensorSpec, model_outputs
+from spark_keras.errors import ModelError
+from spark_keras.inference.engine import Scored
+from spark_keras.inference.specs import Signature, TensorSpec, model_outputs
 
 # numpy dtype an output column is stored with (Spark has no float16/bfloat16/unsigned)
 _STORED_AS = {"float64": np.float64, "int64": np.int64, "int32": np.int32, "int16": np.int16,

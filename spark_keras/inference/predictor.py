@@ -14,18 +14,18 @@ from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 
-from .. import flavour
-from ..errors import ModelError
-from ..flavour import CompiledCall
-from .ahead import Ahead, on_demand
-from .buckets import Group, Padding, exact_groups, padded_groups, trimmed
-from .call_sizes import CallSizes, ShapeKey, out_of_memory, shape_key
-from .isolation import Isolated, Ranges, RowFailure, first_failure, isolate
-from .masking import padding_of
-from .options import DEFAULT_BATCH_SIZE
-from .signature import signature_of
-from .specs import Signature, TensorSpec, empty_outputs
-from .tasks import attached_preprocessor, preprocessed
+from spark_keras import flavour
+from spark_keras.errors import ModelError
+from spark_keras.flavour import CompiledCall
+from spark_keras.inference.ahead import Ahead, on_demand
+from spark_keras.inference.buckets import Group, Padding, exact_groups, padded_groups, trimmed
+from spark_keras.inference.call_sizes import CallSizes, ShapeKey, out_of_memory, shape_key
+from spark_keras.inference.isolation import Isolated, Ranges, RowFailure, first_failure, isolate
+from spark_keras.inference.masking import padding_of
+from spark_keras.inference.options import DEFAULT_BATCH_SIZE
+from spark_keras.inference.signature import signature_of
+from spark_keras.inference.specs import Signature, TensorSpec, empty_outputs
+from spark_keras.inference.tasks import attached_preprocessor, preprocessed
 
 _ATTR = "_spark_keras_predictor"
 _lock = threading.Lock()
@@ -110,7 +110,7 @@ class Predictor:
         specs = self.signature.outputs
         if not any(spec.dtype == "string" for spec in specs):
             return outs
-        from .outputs import text_rows  # Arrow loads where batches are scored
+        from spark_keras.inference.outputs import text_rows  # Arrow loads where batches are scored
 
         done = failures or {}
         bad: dict[int, BaseException] = {}

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
-from ..errors import ArgumentTypeError, PreprocessError
-from .isolation import Ranges, columns_text, first_failure, isolate, reason_text
-from .rows import RowNames
+from spark_keras.errors import ArgumentTypeError, PreprocessError
+from spark_keras.inference.isolation import Ranges, columns_text, first_failure, isolate, reason_text
+from spark_keras.inference.rows import RowNames
 
 if TYPE_CHECKING:  # pandas and Arrow load where batches are scored, not with every handle
     import pandas as pd  # (the preloading daemon imports handles before Arrow may load)
     import pyarrow as pa
 
-    from .columns import Column, Columns
-    from .specs import Signature
+    from spark_keras.inference.columns import Column, Columns
+    from spark_keras.inference.specs import Signature
 
 
 class Preprocess:
@@ -69,7 +69,7 @@ class Preprocess:
         ``failures`` (a dict) the rows it raises on alone are recorded there (row ->
         exception) and come out as null rows; without it, a :class:`PreprocessError`
         names the first such row."""
-        from .columns import flat
+        from spark_keras.inference.columns import flat
 
         every = flat(columns)
         n = len(every[0].array) if every else 0
@@ -95,7 +95,7 @@ class Preprocess:
     def _made(self, result: Any, n: int, signature: Signature) -> Columns:
         import pandas as pd
 
-        from .columns import flat, from_frame, from_numpy
+        from spark_keras.inference.columns import flat, from_frame, from_numpy
 
         made = from_frame(result, None, signature) if isinstance(result, pd.DataFrame) \
             else from_numpy(result, signature)
@@ -140,7 +140,7 @@ def _stitched(parts: list[tuple[int, int, Columns]], n: int, signature: Signatur
     ``misfit(input, its type, the column's type)`` as their exception."""
     import pyarrow as pa
 
-    from .columns import Column
+    from spark_keras.inference.columns import Column
 
     if not parts:
         return [Column(spec.name, pa.nulls(n)) for spec in signature.inputs]
@@ -323,7 +323,7 @@ def to_frame(columns: Columns) -> pd.DataFrame:
     """Columns as a pandas DataFrame (binary as bytes, strings as str, lists as arrays)."""
     import pandas as pd
 
-    from .columns import flat
+    from spark_keras.inference.columns import flat
 
     every = flat(columns)
     return pd.DataFrame({c.name: c.array.to_pandas(types_mapper=None) for c in every},
@@ -335,7 +335,7 @@ def columns_of_rows(rows: list[Any]) -> list[Column]:
     fields, else one column ``value``."""
     import pandas as pd
 
-    from .columns import from_pandas
+    from spark_keras.inference.columns import from_pandas
 
     first = rows[0] if rows else None
     if hasattr(first, "asDict") or isinstance(first, Mapping):

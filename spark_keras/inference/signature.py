@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import flavour
-from ..errors import ModelError
-from .specs import Signature, TensorSpec, model_outputs
-from .tasks import attached_preprocessor, task_signature
+from spark_keras import flavour
+from spark_keras.errors import ModelError
+from spark_keras.inference.specs import Signature, TensorSpec, model_outputs
+from spark_keras.inference.tasks import attached_preprocessor, task_signature
 
 # the specs' types, importable from here as before
 __all__ = ["Signature", "TensorSpec", "model_outputs", "signature_of"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import flavour
-from ..errors import ModelError
-from .specs import Signature, TensorSpec
+from spark_keras import flavour
+from spark_keras.errors import ModelError
+from spark_keras.inference.specs import Signature, TensorSpec
 
 
 def attached_preprocessor(model: Any) -> Any | None:

@@ -19,8 +19,8 @@ from typing import Callable, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ModelInputError
-from .column_read import (
+from spark_keras.errors import ModelInputError
+from spark_keras.inference.column_read import (
     NAN,
     NULL,
     SHAPE,
@@ -34,8 +34,8 @@ from .column_read import (
     null_rows,
     nulls,
 )
-from .images import read_images
-from .specs import TensorSpec
+from spark_keras.inference.images import read_images
+from spark_keras.inference.specs import TensorSpec
 
 
 def _level_widths(depth: int, shape: tuple[int, ...]) -> list[int]:

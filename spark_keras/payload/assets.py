@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Any, Iterator
 
-from ..errors import PayloadError
+from spark_keras.errors import PayloadError
 
 Assets = dict[str, bytes]  # relative file path -> contents
 

@@ -15,12 +15,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import flavour
-from .._version import __version__
-from ..errors import PayloadError, StorageError
-from ..storage import write_atomically
-from . import format as fmt
-from . import mapped, round_trip, state
+from spark_keras import flavour
+from spark_keras._version import __version__
+from spark_keras.errors import PayloadError, StorageError
+from spark_keras.payload import format as fmt
+from spark_keras.payload import mapped, round_trip, state
+from spark_keras.storage import write_atomically
 
 logger = logging.getLogger("spark_keras")
 

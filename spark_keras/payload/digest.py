@@ -7,9 +7,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from ..errors import PayloadError
-from . import format as fmt
-from . import mapped
+from spark_keras.errors import PayloadError
+from spark_keras.payload import format as fmt
+from spark_keras.payload import mapped
 
 __all__ = ["file_digest", "verifies", "check_file", "altered"]
 

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import PayloadError
+from spark_keras.errors import PayloadError
 
 MAGIC = b"\x89SKPAYL\n"
 FORMAT_VERSION = 1

@@ -50,9 +50,9 @@ import os
 import time
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-from ..errors import ArgumentTypeError, LocalWriteError, PayloadError, SparkKerasError
-from ..private_folder import private_folder
-from ..storage import write_atomically
+from spark_keras.errors import ArgumentTypeError, LocalWriteError, PayloadError, SparkKerasError
+from spark_keras.private_folder import private_folder
+from spark_keras.storage import write_atomically
 
 logger = logging.getLogger("spark_keras")
 

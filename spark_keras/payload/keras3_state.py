@@ -31,9 +31,9 @@ from keras.src.saving.serialization_lib import (
 )
 from keras.src.utils.backend_utils import in_tf_graph
 
-from ..errors import PayloadError
-from .assets import Assets, asset_store, read_tree
-from .mapped import shared_tensor
+from spark_keras.errors import PayloadError
+from spark_keras.payload.assets import Assets, asset_store, read_tree
+from spark_keras.payload.mapped import shared_tensor
 
 Entries = dict[str, dict[str, np.ndarray]]  # saveable path -> {variable key: array}
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PayloadError
+from spark_keras.errors import PayloadError
 
 ALIGNMENT = 64  # TensorFlow's EIGEN_MAX_ALIGN_BYTES on x86-64 and aarch64
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from .. import flavour
-from .codec import dumps, loads
+from spark_keras import flavour
+from spark_keras.payload.codec import dumps, loads
 
 _OPTIONS_ATTR = "_spark_keras_pickle_options"
 

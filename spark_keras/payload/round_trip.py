@@ -12,9 +12,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import flavour
-from ..errors import ModelError, PayloadError
-from . import state
+from spark_keras import flavour
+from spark_keras.errors import ModelError, PayloadError
+from spark_keras.payload import state
 
 
 def relies_on_auto_config(model: Any) -> bool:

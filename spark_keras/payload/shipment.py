@@ -14,13 +14,13 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Callable, Mapping
 
-from .. import flavour
-from ..errors import PayloadError
-from . import host_file
-from .codec import dumps, load_mapped, loads
-from .digest import verifies
-from .mapped import weight_memory
-from .pickling import referenced_objects
+from spark_keras import flavour
+from spark_keras.errors import PayloadError
+from spark_keras.payload import host_file
+from spark_keras.payload.codec import dumps, load_mapped, loads
+from spark_keras.payload.digest import verifies
+from spark_keras.payload.mapped import weight_memory
+from spark_keras.payload.pickling import referenced_objects
 
 logger = logging.getLogger("spark_keras")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .. import flavour
-from ..errors import PayloadError
+from spark_keras import flavour
+from spark_keras.errors import PayloadError
 
 
 def of(runtime: flavour.Runtime) -> ModuleType:
@@ -21,11 +21,11 @@ def of(runtime: flavour.Runtime) -> ModuleType:
         PayloadError: no state module serves the runtime's flavour.
     """
     if runtime.name == flavour.KERAS3:
-        from . import keras3_state
+        from spark_keras.payload import keras3_state
 
         return keras3_state
     if runtime.name == flavour.TF_KERAS:
-        from . import tf_keras_state
+        from spark_keras.payload import tf_keras_state
 
         return tf_keras_state
     raise PayloadError(f"no model state module for Keras flavour {runtime.name!r}")

@@ -16,11 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Mapping
 
-from .. import flavour
-from ..errors import PayloadChangedError, PayloadError, StorageError
-from ..storage import copy, is_uri, read
-from . import codec, mapped, state
-from . import format as fmt
+from spark_keras import flavour
+from spark_keras.errors import PayloadChangedError, PayloadError, StorageError
+from spark_keras.payload import codec, mapped, state
+from spark_keras.payload import format as fmt
+from spark_keras.storage import copy, is_uri, read
 
 _ZIP_MAGIC = b"PK\x03\x04"
 

@@ -32,8 +32,8 @@ from tf_keras.src.saving.serialization_lib import (
     serialize_keras_object,
 )
 
-from ..errors import PayloadError
-from .assets import Assets, asset_store, read_tree
+from spark_keras.errors import PayloadError
+from spark_keras.payload.assets import Assets, asset_store, read_tree
 
 logger = logging.getLogger("spark_keras")
 

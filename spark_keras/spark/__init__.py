@@ -1,6 +1,6 @@
 """Spark integration: BroadcastModel and its scoring helpers.
 
-Importing this package imports nothing heavy: ``python -m spark_keras.spark.daemon`` must
+Importing this package imports nothing heavy: ``python -m spark_keras.executor.daemon`` must
 start with no other thread (pyarrow's allocator starts one when it loads), so
 :class:`BroadcastModel` and PySpark load on first use.
 """
@@ -14,10 +14,10 @@ __all__ = ["BroadcastModel"]
 
 def __getattr__(name: str) -> Any:
     if name == "BroadcastModel":
-        from .._deps import require
+        from spark_keras._deps import require
 
         require("pyspark", "spark_keras.spark (BroadcastModel)")
-        from .broadcast import BroadcastModel
+        from spark_keras.spark.broadcast import BroadcastModel
 
         return BroadcastModel
     raise AttributeError(f"module 'spark_keras.spark' has no attribute {name!r}")

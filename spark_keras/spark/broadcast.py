@@ -10,17 +10,19 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from ..cache import model_cache
-from ..errors import SparkKerasError
-from ..handle import ModelHandle
-from ..inference.options import DEFAULT_BATCH_SIZE, check_resize
-from ..inference.predictor import predictor_for
-from ..inference.preprocess import Preprocess
-from ..inference.signature import Signature, signature_of
-from ..payload.shipment import Shipment
-from . import driver_payload, exposure, resources, shipped_objects, task_version, version_server, versions
-from .environment import check_environment
-from .transport import ServedTransport, Transport, file_digest, is_connect, transport_for
+from spark_keras.cache import model_cache
+from spark_keras.channel import version_server, versions
+from spark_keras.errors import SparkKerasError
+from spark_keras.executor import driver_payload, resources, shipped_objects, task_version
+from spark_keras.executor.environment import check_environment
+from spark_keras.executor.transport import ServedTransport, Transport, file_digest, is_connect, transport_for
+from spark_keras.handle import ModelHandle
+from spark_keras.inference.options import DEFAULT_BATCH_SIZE, check_resize
+from spark_keras.inference.predictor import predictor_for
+from spark_keras.inference.preprocess import Preprocess
+from spark_keras.inference.signature import Signature, signature_of
+from spark_keras.payload.shipment import Shipment
+from spark_keras.spark import exposure
 
 logger = logging.getLogger("spark_keras")
 
@@ -87,7 +89,7 @@ class BroadcastModel(ModelHandle):
         ship: how the payload reaches the executors: ``"auto"`` (default: a URI from
             storage; on Spark Connect a session artifact; else a broadcast, or, for a
             payload over 64 MiB, as ``"driver"``), ``"driver"``: each executor streams
-            it from a file of the driver (:mod:`~spark_keras.spark.driver_payload`) when
+            it from a file of the driver (:mod:`~spark_keras.executor.driver_payload`) when
             a worker there first needs it, never through a JVM heap nor whole in the
             driver's memory (executors that never use the model never fetch it;
             :class:`~spark_keras.KeyedModels` ships that way), or ``"broadcast"``
@@ -271,7 +273,7 @@ class BroadcastModel(ModelHandle):
         keeps its version, and a micro-batch Spark runs again (a failure, a restart from
         the checkpoint in this driver process) gets the version it was first scored
         with. The workers ask the driver which version to use (see
-        :mod:`spark_keras.spark.versions`) and read a new version's payload from it,
+        :mod:`spark_keras.channel.versions`) and read a new version's payload from it,
         or from storage for a URI; old versions are released once no micro-batch holds
         them.
 
@@ -408,7 +410,7 @@ class BroadcastModel(ModelHandle):
             The UDF. Its column is a scalar for a single-unit output, (nested) arrays for
             vector outputs, a struct with one field per output for multi-output models.
         """
-        from . import scoring  # pyarrow loads with it, on first use: this module does not load it
+        from spark_keras.spark import scoring  # pyarrow loads with it, on first use: this module does not load it
 
         self.check_usable()
         return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
@@ -438,7 +440,7 @@ class BroadcastModel(ModelHandle):
             profile: a ``pyspark.resource.ResourceProfile`` for the scoring stage alone
                 (PySpark >= 4.0; stage-level scheduling: more CPUs, or GPUs, per scoring
                 task); TensorFlow's thread pools and the model's device follow each task's
-                resources (see :mod:`spark_keras.spark.resources`).
+                resources (see :mod:`spark_keras.executor.resources`).
             error_col: (with ``on_invalid="null"`` only) a string column added too, null for
                 scored rows and, for each invalid row, what ``on_invalid="error"`` would have
                 raised for it (the column, what is wrong, what the input expects), or for a row
@@ -463,7 +465,7 @@ class BroadcastModel(ModelHandle):
                 cannot take (a count of columns its input cannot take, a string column for a
                 numeric input...); rows are checked in the workers.
         """
-        from . import scoring
+        from spark_keras.spark import scoring
 
         self.check_usable()
         return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
@@ -501,7 +503,7 @@ class BroadcastModel(ModelHandle):
             raise SparkKerasError("predict_partition is for rdd.mapPartitions, and Spark Connect has "
                                   "no RDDs: use bm.transform(df, ...) or bm.predict_udf(), or your "
                                   "own df.mapInArrow function calling bm.predictor")
-        from . import scoring
+        from spark_keras.spark import scoring
 
         return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
                                     max_invalid=max_invalid, id_col=id_col, buckets=buckets,

@@ -85,7 +85,7 @@ def warn_if_exposed(spark: Any) -> None:
 
 
 def _exposures(spark: Any) -> list[str]:
-    from .transport import is_connect
+    from spark_keras.executor.transport import is_connect
 
     what = ("the driver's channel token a handle carries (its holder may read that handle's "
             "model payloads and report to its invalid-row budget)")

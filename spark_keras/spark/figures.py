@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from ..inference.engine import Scored
+    from spark_keras.inference.engine import Scored
 
 # how many recent queries a process keeps figures for (one entry per model and query)
 _KEEP = 64
@@ -90,7 +90,7 @@ def task_ids() -> tuple[Hashable, Hashable]:
 
 def builds_of(key: str) -> tuple[int, float]:
     """This process's builds of model ``key`` so far (any device), and their seconds."""
-    from ..cache import model_cache
+    from spark_keras.cache import model_cache
 
     return model_cache.builds_of(key)
 

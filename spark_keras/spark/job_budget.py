@@ -35,9 +35,17 @@ import time
 import uuid
 from typing import Any, Union
 
-from ..errors import ArgumentError, InvalidRowsError, SparkKerasError
-from ..inference.limits import InvalidBudget
-from . import budget_count, budget_fraction, budget_ledger, budget_stages, channel_client
+from spark_keras.channel import (
+    budget_count,
+    budget_fraction,
+    budget_ledger,
+    budget_stages,
+)
+from spark_keras.channel import (
+    client as channel_client,
+)
+from spark_keras.errors import ArgumentError, InvalidRowsError, SparkKerasError
+from spark_keras.inference.limits import InvalidBudget
 
 logger = logging.getLogger("spark_keras")
 
@@ -79,7 +87,7 @@ def limit_for(handle: Any, max_invalid: float | None, scope: str = "action",
     check_scope(scope)
     if max_invalid is None or scope == "task":
         return max_invalid
-    from . import version_server
+    from spark_keras.channel import version_server
 
     server = getattr(handle, "_server", None) or version_server._server
     if server is None or server.closed:
@@ -107,8 +115,8 @@ def _watch_stages(session: Any) -> None:
     (None: Connect's default session, if any): classic Spark's it asks at need."""
     import sys
 
-    from .transport import is_connect
-    from .versions import _default_connect_session
+    from spark_keras.channel.versions import _default_connect_session
+    from spark_keras.executor.transport import is_connect
 
     if session is None:
         connect = sys.modules.get("pyspark.sql.connect.session")
@@ -125,7 +133,7 @@ def budget_of(max_invalid: MaxInvalid) -> InvalidBudget:
         return InvalidBudget(max_invalid)
     from pyspark import TaskContext
 
-    from .task_version import task_scope
+    from spark_keras.executor.task_version import task_scope
 
     context = TaskContext.get()
     in_task, scope = task_scope()

@@ -21,17 +21,18 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..cache import model_cache
-from ..errors import ArgumentError, ArgumentTypeError, ModelInputError, SparkKerasError
-from ..inference import buckets as bucketing
-from ..inference.engine import Scored
-from ..inference.limits import InvalidBudget
-from ..inference.options import DEFAULT_BATCH_SIZE, Buckets, check_batch_size, check_on_invalid
-from ..inference.outputs import to_arrow
-from ..inference.rows import RowNames
-from ..inference.specs import Signature, empty_outputs
-from . import job_budget, scoring, versions
-from .broadcast import BroadcastModel
+from spark_keras.cache import model_cache
+from spark_keras.channel import versions
+from spark_keras.errors import ArgumentError, ArgumentTypeError, ModelInputError, SparkKerasError
+from spark_keras.inference import buckets as bucketing
+from spark_keras.inference.engine import Scored
+from spark_keras.inference.limits import InvalidBudget
+from spark_keras.inference.options import DEFAULT_BATCH_SIZE, Buckets, check_batch_size, check_on_invalid
+from spark_keras.inference.outputs import to_arrow
+from spark_keras.inference.rows import RowNames
+from spark_keras.inference.specs import Signature, empty_outputs
+from spark_keras.spark import job_budget, scoring
+from spark_keras.spark.broadcast import BroadcastModel
 
 logger = logging.getLogger("spark_keras")
 
@@ -193,7 +194,7 @@ class KeyedModels:
         """
         from pyspark.sql.types import StructField
 
-        from .types import prediction_type
+        from spark_keras.spark.types import prediction_type
 
         check_on_invalid(on_invalid)
         batch_size = check_batch_size(batch_size)

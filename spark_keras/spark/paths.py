@@ -23,8 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol
 
-from .. import storage
-from ..errors import StorageError
+from spark_keras import storage
+from spark_keras.errors import StorageError
 
 __all__ = ["scheme", "stage_file", "hadoop_qualified", "file_uri_path", "Paths",
            "HadoopPaths", "ArrowPaths", "Entry", "join", "listed_by_spark", "glob_escaped", "write_whole"]
@@ -99,7 +99,7 @@ def stage_file(spark: Any, path: str, name: str) -> str:
         StorageError: ``path`` resolves to something that is neither a local path nor a
             URI ``pyarrow.fs`` can take.
     """
-    from .transport import is_connect
+    from spark_keras.executor.transport import is_connect
 
     location = path
     # a plain path, file:/x, file:///x, hdfs:/x (not s3a://, which needs Hadoop's S3 jars)

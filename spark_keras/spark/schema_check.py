@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from ..handle import ModelHandle
-from ..inference import columns as cols
-from ..inference.engine import check_inputs
+from spark_keras.handle import ModelHandle
+from spark_keras.inference import columns as cols
+from spark_keras.inference.engine import check_inputs
 
 log = logging.getLogger("spark_keras")
 

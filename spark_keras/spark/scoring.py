@@ -11,13 +11,14 @@ from typing import Any, Iterable, Iterator, Sequence, Tuple, Union
 
 import pyarrow as pa
 
-from ..errors import ArgumentTypeError, ModelInputError
-from ..handle import ModelHandle
-from ..inference import buckets as bucketing
-from ..inference import columns as cols
-from ..inference.engine import Scored, score
-from ..inference.limits import InvalidBudget
-from ..inference.options import (
+from spark_keras.errors import ArgumentTypeError, ModelInputError
+from spark_keras.executor.resources import check_profile
+from spark_keras.handle import ModelHandle
+from spark_keras.inference import buckets as bucketing
+from spark_keras.inference import columns as cols
+from spark_keras.inference.engine import Scored, score
+from spark_keras.inference.limits import InvalidBudget
+from spark_keras.inference.options import (
     Buckets,
     check_batch_size,
     check_buckets,
@@ -25,14 +26,13 @@ from ..inference.options import (
     check_max_invalid,
     check_on_invalid,
 )
-from ..inference.outputs import to_arrow, to_rows
-from ..inference.preprocess import columns_of_rows
-from . import figures as build_figures
-from . import job_budget
-from .job_budget import MaxInvalid
-from .resources import check_profile
-from .schema_check import check_schema
-from .types import prediction_type, spark_type
+from spark_keras.inference.outputs import to_arrow, to_rows
+from spark_keras.inference.preprocess import columns_of_rows
+from spark_keras.spark import figures as build_figures
+from spark_keras.spark import job_budget
+from spark_keras.spark.job_budget import MaxInvalid
+from spark_keras.spark.schema_check import check_schema
+from spark_keras.spark.types import prediction_type, spark_type
 
 
 def _column_name(col: Any) -> str:

@@ -6,9 +6,9 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from ..errors import ArgumentError, ArgumentTypeError
-from ..inference.outputs import is_scalar_output, stored_dtype
-from ..inference.signature import Signature, TensorSpec
+from spark_keras.errors import ArgumentError, ArgumentTypeError
+from spark_keras.inference.outputs import is_scalar_output, stored_dtype
+from spark_keras.inference.signature import Signature, TensorSpec
 
 _SPARK_TYPES = {"float32": T.FloatType, "float64": T.DoubleType, "int64": T.LongType,
                 "int32": T.IntegerType, "int16": T.ShortType, "int8": T.ByteType,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .recipes import Recipe
+from tests.differential.recipes import Recipe
 
 MARK = -2.0  # a raw value the preprocess functions refuse (ordinary values lie above it)
 

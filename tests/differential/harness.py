@@ -39,10 +39,9 @@ from spark_keras.inference.limits import InvalidBudget
 from spark_keras.inference.outputs import to_arrow, to_numpy, to_rows
 from spark_keras.inference.predictor import Predictor
 from spark_keras.inference.preprocess import Preprocess
-
-from .cases import PREPROCESS, Case
-from .oracle import STAGES, Outcome, expected
-from .recipes import Recipe, build
+from tests.differential.cases import PREPROCESS, Case
+from tests.differential.oracle import STAGES, Outcome, expected
+from tests.differential.recipes import Recipe, build
 
 WORK = 10  # the most rows the model may be fed per row it scores, when a call raised
 TOLERANCE = 1e-5

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .cases import PREPROCESS, Case, column_array
-from .recipes import Recipe, build
+from tests.differential.cases import PREPROCESS, Case, column_array
+from tests.differential.recipes import Recipe, build
 
 STAGES = ("preprocess", "input", "model", "output")  # in the order the engine meets them
 

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 from keras import layers
 
-from ..models import AssertBelow
+from tests.models import AssertBelow
 
 HOT = 50.0  # a value the guards react to (ordinary values lie in [-2, 2])
 LIMIT = 10.0  # AssertBelow's limit and Together's mark, for numbers

@@ -10,8 +10,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .cases import FOR_TOKENS, FOR_VECTORS, MARK, Case, Options
-from .recipes import HOT, HOT_ID, TABLE, VOCABULARY, WORDS, Recipe
+from tests.differential.cases import FOR_TOKENS, FOR_VECTORS, MARK, Case, Options
+from tests.differential.recipes import HOT, HOT_ID, TABLE, VOCABULARY, WORDS, Recipe
 
 MAX_ROWS = 40
 MAX_STEPS = 6

@@ -17,9 +17,9 @@ import time
 import pytest
 from hypothesis import given, seed, settings
 
-from .harness import check
-from .profiles import profile
-from .strategies import cases
+from tests.differential.harness import check
+from tests.differential.profiles import profile
+from tests.differential.strategies import cases
 
 FAMILIES = ("dense", "seq", "tokens", "text", "pair")
 

@@ -29,12 +29,12 @@ from hypothesis import strategies as st
 
 pytest.importorskip("distributed")
 
-from ..test_dask import client  # noqa: E402,F401  (the LocalCluster fixture: two worker processes)
-from .cases import PREPROCESS, Case, Options  # noqa: E402
-from .harness import compare, numpy_rows, run  # noqa: E402
-from .profiles import profile  # noqa: E402
-from .recipes import Recipe, build  # noqa: E402
-from .strategies import cases  # noqa: E402
+from tests.differential.cases import PREPROCESS, Case, Options  # noqa: E402
+from tests.differential.harness import compare, numpy_rows, run  # noqa: E402
+from tests.differential.profiles import profile  # noqa: E402
+from tests.differential.recipes import Recipe, build  # noqa: E402
+from tests.differential.strategies import cases  # noqa: E402
+from tests.test_dask import client  # noqa: E402,F401  (the LocalCluster fixture: two worker processes)
 
 pytestmark = pytest.mark.timeout(900)
 

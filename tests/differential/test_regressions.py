@@ -20,10 +20,9 @@ from spark_keras.errors import ModelInputError
 from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import score
 from spark_keras.inference.preprocess import Preprocess
-
-from .cases import MARK, Case, Options
-from .harness import Difference, check, predictor
-from .recipes import HOT, TABLE, Recipe
+from tests.differential.cases import MARK, Case, Options
+from tests.differential.harness import Difference, check, predictor
+from tests.differential.recipes import HOT, TABLE, Recipe
 
 TABLE_MODEL = Recipe("tokens", guard="table")  # ids -> Embedding(mask_zero) -> Positions(TABLE)
 LONG = [1] * (TABLE + 2)  # past the positional table: the model raises on this row alone

@@ -21,11 +21,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .cases import PREPROCESS, Case, Options
-from .harness import compare, run
-from .profiles import profile
-from .recipes import Recipe, build
-from .strategies import cases
+from tests.differential.cases import PREPROCESS, Case, Options
+from tests.differential.harness import compare, run
+from tests.differential.profiles import profile
+from tests.differential.recipes import Recipe, build
+from tests.differential.strategies import cases
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -1,0 +1,130 @@
+"""The score job's progress lines (``--progress``): a line every ``--progress-seconds``
+while Spark runs the scoring, from the tasks of the session's running stages (classic:
+``SparkContext.statusTracker()``; Spark Connect: the client's progress handler), and the
+number formats of those lines."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+__all__ = ["Tasks", "Heartbeat", "running_tasks", "count", "byte_size", "clock", "eta"]
+
+logger = logging.getLogger("spark_keras.jobs.score")
+
+Tasks = Optional[Tuple[int, int]]  # (tasks done, tasks) of the running stages; None: none run
+
+
+def count(n: float) -> str:
+    """1,234 / 12.3k / 1.2M / 3.4B."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e4, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:,.0f}"
+
+
+def byte_size(n: float) -> str:
+    """12 bytes / 3.4 KiB / 1.2 GiB."""
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def clock(seconds: float) -> str:
+    """``HH:MM:SS``."""
+    whole = int(round(seconds))
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def eta(seconds: float, done: float, total: float) -> str:
+    """The time left at the pace so far, ``unknown`` before anything is done."""
+    if total <= done:
+        return clock(0)
+    return clock(seconds * (total - done) / done) if done > 0 else "unknown"
+
+
+def running_tasks(stages: Any) -> Tasks:
+    """``(tasks done, tasks)`` of the stages not done among Spark Connect's ``StageInfo``s
+    (``pyspark.sql.connect.shell.progress``); None if none is running."""
+    running = [s for s in stages if not s.done]
+    if not running:
+        return None
+    return sum(s.num_completed_tasks for s in running), sum(s.num_tasks for s in running)
+
+
+class _ClassicTasks:
+    """The tasks of the running stages, from the driver's status tracker."""
+
+    def __init__(self, spark: Any) -> None:
+        self._tracker = spark.sparkContext.statusTracker()
+
+    def __call__(self) -> Tasks:
+        stages = [self._tracker.getStageInfo(i) for i in self._tracker.getActiveStageIds()]
+        stages = [s for s in stages if s is not None]
+        if not stages:
+            return None
+        return sum(s.numCompletedTasks for s in stages), sum(s.numTasks for s in stages)
+
+    def close(self) -> None:
+        pass
+
+
+class _ConnectTasks:
+    """The tasks of the running stages, as the Connect server last reported them (every
+    ``spark.connect.progress.reportInterval``, 2 s by default) to the client's handler."""
+
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
+        self._last: Tasks = None
+        spark.registerProgressHandler(self._update)
+
+    def _update(self, stages: Any, inflight_tasks: int, operation_id: Any = None,
+                done: bool = False) -> None:
+        self._last = None if done else running_tasks(stages or ())
+
+    def __call__(self) -> Tasks:
+        return self._last
+
+    def close(self) -> None:
+        self._spark.removeProgressHandler(self._update)
+
+
+class Heartbeat:
+    """Logs (INFO, ``spark_keras.jobs.score``) a line every ``seconds`` while a block of the
+    job runs: what ``describe`` makes of the running stages' tasks. ``seconds=None``: off
+    (nothing started, nothing asked of Spark)."""
+
+    def __init__(self, spark: Any, seconds: float | None) -> None:
+        self._spark = spark
+        self._seconds = seconds
+
+    @contextlib.contextmanager
+    def beating(self, describe: Callable[[Tasks], str]) -> Iterator[None]:
+        """Log ``describe(tasks)`` every ``seconds`` until the block ends."""
+        if self._seconds is None:
+            yield
+            return
+        from spark_keras.executor.transport import is_connect
+
+        source = _ConnectTasks(self._spark) if is_connect(self._spark) \
+            else _ClassicTasks(self._spark)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self._seconds):
+                try:
+                    logger.info(describe(source()))
+                except Exception as exc:  # a progress line must never fail the job
+                    logger.debug("no progress line: %s", exc)
+
+        thread = threading.Thread(target=beat, name="spark-keras-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            source.close()

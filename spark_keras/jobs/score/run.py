@@ -1,0 +1,426 @@
+"""Running the score job: check the options and paths, open the session, score the input
+into a staging folder, publish it, and report the figures the transform observed; with
+``--resume``, in commits (:mod:`spark_keras.jobs.score.commits`). What is written, in
+which format, and the quarantine: :mod:`spark_keras.jobs.score.outputs`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable, Iterator
+
+from spark_keras import storage
+from spark_keras._deps import require
+from spark_keras.errors import ArgumentError, StorageError, WorkersPythonError
+from spark_keras.inference.buckets import checked
+from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
+from spark_keras.jobs.score import commits
+from spark_keras.jobs.score import outputs as outputs_
+from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.lease import Leases
+from spark_keras.jobs.score.outputs import Outputs
+from spark_keras.jobs.score.progress import Heartbeat, Tasks, clock, eta
+from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
+from spark_keras.spark.figures import reasons_observed
+from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
+
+__all__ = ["run", "score", "manifest_options"]
+
+logger = logging.getLogger("spark_keras.jobs.score")
+
+
+@contextlib.contextmanager
+def _path_errors() -> Iterator[None]:
+    """A path the job cannot use stops it, as a bad option does."""
+    try:
+        yield
+    except StorageError as exc:
+        raise JobError(str(exc)) from exc
+
+
+def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
+    """Refuse an existing output or invalid rows' output (unless ``--overwrite``), a
+    missing input, and places that hold one another."""
+    with _path_errors():
+        _check_apart(paths, [("--input", args.input), ("--output", args.output),
+                             ("--invalid-output", args.invalid_output)])
+        if args.output is not None:
+            paths.check_output(args.output)
+        if args.output is not None and paths.exists(args.output) \
+                and not (args.overwrite or args.resume):
+            resumable = commits.has_commit_log(paths, args.output)
+            raise JobError(f"output path {args.output!r} exists; pass --overwrite to replace it"
+                           + (" (or --resume to continue it)" if resumable else ""))
+        if args.invalid_output is not None:
+            paths.check_output(args.invalid_output)
+            if paths.exists(args.invalid_output) and not (args.overwrite or args.resume):
+                raise JobError(f"invalid rows' output path {args.invalid_output!r} exists; "
+                               f"pass --overwrite to replace it")
+        if not paths.exists(args.input):
+            raise JobError(f"input path {args.input!r} does not exist")
+        if not paths.exists(args.model):  # before any stage reads the input
+            raise JobError(f"cannot load model {args.model!r}: {args.model!r} does not exist")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse options that do not go together, and a metrics file that cannot be written,
+    before any session starts."""
+    try:
+        check_error_col(args.error_col, args.on_invalid, FLAGS)
+        args.max_invalid = check_max_invalid(args.max_invalid, args.on_invalid, FLAGS)
+        args.buckets = check_buckets(args.buckets, FLAGS)
+    except ArgumentError as exc:
+        raise JobError(str(exc)) from None
+    if args.invalid_output is not None and args.on_invalid != "null":
+        raise JobError("--invalid-output needs --on-invalid null (with --on-invalid error "
+                       "an invalid row fails the job)")
+    if args.drop_invalid and args.invalid_output is None:
+        raise JobError("--drop-invalid needs --invalid-output (invalid rows are never "
+                       "dropped without being kept elsewhere)")
+    if args.metrics_json is not None:
+        folder = os.path.dirname(os.path.abspath(args.metrics_json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise JobError(f"--metrics-json {args.metrics_json!r}: folder {folder!r} does not "
+                           f"exist or is not writable")
+
+
+def _check_apart(paths: Paths, given: list[tuple[str, str | None]]) -> None:
+    """Refuse an output, quarantine and input (``given``: flag, path) that hold one
+    another: a fresh run removes its outputs (the input with them), and a resumed one
+    lists them (files of the other would be files nobody committed, or input files Spark
+    does not read)."""
+    places = [(flag, path, paths.place(path)) for flag, path in given if path is not None]
+    for (flag, path, where), (other_flag, other, other_where) in itertools.combinations(places, 2):
+        if where == other_where:
+            raise JobError(f"{other_flag} {other!r} is {flag} {path!r} itself: give it a "
+                           f"folder of its own")
+    for (flag, path, where), (outer_flag, outer, outer_where) in itertools.permutations(places, 2):
+        if where.startswith(outer_where.rstrip("/") + "/"):
+            raise JobError(f"{flag} {path!r} is inside {outer_flag} {outer!r}: give it a "
+                           f"folder outside")
+
+
+def _write_metrics(path: str, summary: dict) -> None:
+    """Write the summary whole (a reader polling it during a run sees one or the next)."""
+    import json
+
+    try:
+        storage.write_local(path, json.dumps(summary, indent=2).encode("utf-8"))
+    except StorageError as exc:
+        raise JobError(f"cannot write --metrics-json {path!r}: {exc}") from exc
+
+
+def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
+    """The session and its path operations, paths checked. On Connect the checks run on
+    the client first, so a bad path fails before a server is started or reached."""
+    _check_options(args)
+    user = settings(args.conf, args.properties_file)
+    if args.remote:
+        if args.master:
+            raise JobError(f"--master {args.master!r} cannot be combined with Spark Connect "
+                           f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
+        require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
+        paths: Paths = ArrowPaths()  # the client's own check first: no use checking paths
+        _check_paths(paths, args)
+        return connect_session(args.remote, user, args.verbose), paths
+    spark = classic_session(args.master, user, args.verbose)
+    try:
+        paths = HadoopPaths(spark)
+        _check_paths(paths, args)
+    except BaseException:
+        spark.stop()
+        raise
+    return spark, paths
+
+
+def _format(path: str, fmt: str | None) -> str:
+    """``--format``, else the input's by its extension: parquet unless ``.csv``."""
+    return fmt or ("csv" if path.lower().rstrip("/").endswith(".csv") else "parquet")
+
+
+def _reader(spark: Any, fmt: str, schema: Any = None) -> Any:
+    reader = spark.read.format(fmt) if schema is None else spark.read.format(fmt).schema(schema)
+    return reader.options(header=True, inferSchema=True) if fmt == "csv" else reader
+
+
+def _read(spark: Any, paths: Paths, path: str, fmt: str) -> Any:
+    try:
+        df = _reader(spark, fmt).load(paths.qualify(path))
+        df.schema  # noqa: B018  (Connect analyses lazily: fail here, not later)
+        return df
+    except Exception as exc:  # AnalysisException and friends
+        raise JobError(f"cannot read {fmt} input {path!r}: {str(exc).splitlines()[0]}") from exc
+
+
+def _group_reader(spark: Any, paths: Paths, args: argparse.Namespace, fmt: str,
+                  schema: Any) -> Any:
+    """The DataFrame of some of the input's files, as one read of the whole input gives
+    their rows: its schema (CSV inference, partition columns), its base folder."""
+    def read(files: list[str]) -> Any:
+        reader = _reader(spark, fmt, schema)
+        if files != [args.input]:  # a folder's files: its partition folders are columns
+            reader = reader.option("basePath", paths.qualify(args.input))
+        return reader.load([glob_escaped(paths.qualify(f)) for f in files])
+    return read
+
+
+def _features(args: argparse.Namespace) -> list[str]:
+    return [c.strip() for c in args.features.split(",") if c.strip()]
+
+
+def manifest_options(args: argparse.Namespace) -> dict:
+    """What a ``--resume`` run's manifest holds of the options (the keys of
+    :data:`.score_commits.OPTIONS`): those that change what a row becomes or where it goes."""
+    versioned = args.version_col is not None or args.invalid_output is not None
+    return {"features": _features(args), "output_col": args.output_col,
+            "format": _format(args.input, args.format),
+            "on_invalid": args.on_invalid, "error_col": args.error_col,
+            "id_col": args.id_col, "resize": args.resize, "buckets": args.buckets,
+            "version_col": args.version_col,
+            # the label only matters where it is written; BroadcastModel's default is "1"
+            "model_version": None if not versioned
+            else (args.model_version if args.model_version is not None else "1"),
+            "output_format": args.output_format, "partition_by": args.partition_by,
+            "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid}
+
+
+def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -> commits.Plan:
+    """The groups of a ``--resume`` run into ``output`` (None: a table this run makes), or
+    why its output cannot be resumed (before the model is loaded: the model file's digest
+    is its bytes')."""
+    with _path_errors():
+        return commits.plan(paths, args.input, output,
+                            model_sha256=commits.file_sha256(args.model),
+                            options=manifest_options(args),
+                            commit_bytes=args.commit_bytes, overwrite=args.overwrite,
+                            spark_files=len(df.inputFiles()),
+                            invalid_output=args.invalid_output)
+
+
+def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str | None:
+    """``--output-table``: refuse an existing table unless ``--overwrite`` (or, with
+    ``--resume``, one whose location holds this job's commit log, or no rows: a run
+    killed before its first commit); the location of the table to resume, None when this
+    run makes the table (dropping an existing one)."""
+    name = args.output_table
+    if not outputs_.table_exists(spark, name):
+        return None
+    if args.overwrite:
+        return None
+    location = outputs_.table_location(spark, name)
+    with _path_errors():
+        resumable = commits.has_commit_log(paths, location)
+        empty = not resumable and (not paths.exists(location)
+                                   or not commits.list_input(paths, location))
+    if args.resume and resumable:
+        return location
+    if args.resume and empty:
+        return None
+    if args.resume:
+        raise JobError(f"--output-table {name!r} exists and its location {location!r} holds "
+                       f"no commit log of a resumable run; pass --overwrite to replace it")
+    raise JobError(f"--output-table {name!r} exists; pass --overwrite to replace it"
+                   + (" (or --resume to continue it)" if resumable else ""))
+
+
+def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
+             held: Callable[[], None]) -> None:
+    """Write ``scored`` (:meth:`Outputs.write`) to staging folders beside the output and
+    the invalid rows' output, then, if this job still ``held`` its folders (it raises
+    otherwise), rename them into place (replacing old ones); a table is saved by Spark's
+    writer between the two, checked as it begins. Staging folders are removed if
+    anything fails."""
+    staging = {target: f"{target.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+               for target in (outputs.path, outputs.invalid_path) if target is not None}
+    with _path_errors():
+        try:
+            main, invalid = (None if t is None else paths.qualify(staging[t])
+                             for t in (outputs.path, outputs.invalid_path))
+            if outputs.path is None:  # a table: Spark's writer publishes it as it writes
+                held()
+            outputs.write(scored, main, invalid, overwrite=overwrite)
+            if outputs.path is not None:
+                held()
+            for target in staging:  # one another job published since this one began
+                if not overwrite and paths.exists(target):
+                    raise JobError(f"output path {target!r} was written by another job "
+                                   f"while this one scored; pass --overwrite to replace it")
+            for target, folder in staging.items():
+                if paths.exists(target):
+                    paths.delete(target)
+                paths.move(folder, target)
+        except BaseException:
+            for folder in staging.values():
+                paths.delete(folder)
+            raise
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Score ``args.input`` into ``args.output`` in a session of the job's own (see
+    :func:`score`), stopped at the end."""
+    os.environ.setdefault(LOG_LEVEL_ENV, "2")  # TensorFlow's INFO and WARNING lines: off
+    spark, paths = _open(args)
+    try:
+        return score(spark, paths, args)
+    finally:
+        spark.stop()
+
+
+def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
+    """Score ``args.input`` into ``args.output`` with ``spark`` (classic or Connect) and
+    its path operations (:class:`HadoopPaths`, :class:`ArrowPaths`), ``args`` as
+    :func:`spark_keras.jobs.score.parse_args` gives them (the job's Python entry point:
+    options and paths are checked here too); with ``args.resume``, in commits
+    (:func:`spark_keras.jobs.score.commits.run_groups`).
+
+    Returns:
+        The summary, also written to ``--metrics-json``: rows, invalid rows, seconds,
+        rows/s, and the model builds the query's tasks made and their seconds (the
+        transform's ``observe`` figures, gathered by Spark from every executor); with
+        ``--resume`` also rows and groups skipped (committed before), groups committed.
+
+    Raises:
+        JobError: a reason to stop, printed as one line (a bad path or option, a model
+            that cannot be loaded, an output that cannot be resumed).
+    """
+    import spark_keras as sk
+    from spark_keras import flavour
+    from spark_keras.quiet import quiet_tensorflow_startup
+
+    _check_options(args)
+    _check_paths(paths, args)
+    fmt = _format(args.input, args.format)
+    df = _read(spark, paths, args.input, fmt)
+    features = _features(args)
+    missing = [c for c in features if c not in df.columns]
+    if missing:
+        raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
+    if args.id_col is not None and args.id_col not in df.columns:
+        raise JobError(f"--id-col {args.id_col!r} is not a column of the input; it has "
+                       f"{df.columns}")
+    outputs = Outputs.of(args, df.columns)
+    location = None if args.output_table is None else _table_location(spark, paths, args)
+    table = None if args.output_table is None else outputs_.table_folder(spark, args.output_table)
+    with _path_errors():
+        _check_apart(paths, [("--input", args.input), ("--invalid-output", args.invalid_output),
+                             (f"the folder of --output-table {args.output_table!r}", table)])
+    plan = _plan(paths, args, df, args.output or location) \
+        if args.resume else None
+    try:  # a local path, or a URI the executors read from storage themselves
+        with quiet_tensorflow_startup():  # start-up lines the log level hides
+            flavour.current()  # imports Keras and TensorFlow
+        handle = sk.BroadcastModel(spark, args.model, resize=args.resize,
+                                    version=args.model_version)
+    except WorkersPythonError as exc:  # not the model's fault: said as it is
+        raise JobError(str(exc)) from exc
+    except sk.SparkKerasError as exc:  # StorageError, PayloadError...
+        raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
+    try:  # the model takes padded rows, or this says why
+        checked(handle, args.buckets, FLAGS)
+    except ArgumentError as exc:
+        raise JobError(str(exc)) from None
+
+    try:
+        return _score_with(handle, spark, paths, args, df, fmt, features, plan, outputs, table)
+    finally:  # its payload and version server (the process may go on: the Python entry point)
+        try:
+            handle.destroy()
+        except Exception as exc:  # must not hide the job's own error
+            logger.debug("cannot destroy the job's BroadcastModel: %s", exc)
+
+
+def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace, df: Any,
+                fmt: str, features: list[str], plan: commits.Plan | None,
+                outputs: Outputs, table: str | None) -> dict:
+    """:func:`score`'s scoring, once the model is loaded (``table``: the folder of the
+    ``--output-table``, as it is or will be)."""
+    from pyspark.sql import Observation
+
+    names = iter(range(1 << 62))
+    error_col, version_col = outputs.transform_cols()
+
+    def transform(frame: Any, observed: bool = True) -> tuple[Any, Any]:
+        observation = Observation(f"spark_keras_score_{next(names)}") if observed else None
+        return handle.transform(frame, features, args.output_col, batch_size=args.batch_size,
+                                on_invalid=args.on_invalid, error_col=error_col,
+                                observe=observation, max_invalid=args.max_invalid,
+                                id_col=args.id_col, version_col=version_col,
+                                buckets=args.buckets), observation
+
+    def committed(summary: dict) -> None:
+        if args.metrics_json is not None:
+            _write_metrics(args.metrics_json, summary)
+
+    whole = transform(df, observed=plan is None)  # with --resume: its schema only
+    outputs.check_schema(whole[0])  # what the format cannot hold, before any write
+    heartbeat = Heartbeat(spark, args.progress_seconds if args.progress else None)
+    # one job at a time per folder (output, quarantine, a table's), resumable or not, from
+    # before anything is removed: a run that replaced one would remove a --resume run's
+    # commits, or nest its folder in another's
+    with Leases(paths, [outputs.path, outputs.invalid_path, table]) as leases:
+        if plan is not None:
+            published = _table_made(spark, args, outputs, plan, whole[0])
+            leases.add(plan.output)  # a table whose folder could not be told before
+            with _path_errors():
+                summary = commits.run_groups(
+                    plan, leases, _group_reader(spark, paths, args, fmt, df.schema), transform,
+                    outputs.write, paths.qualify, committed, heartbeat, published)
+        else:
+            logger.info("scoring %r into %r", args.input, args.output or args.output_table)
+            summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,
+                                     leases.check)
+    logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
+                "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
+                summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
+                summary["build_seconds"])
+    committed(summary)
+    return summary
+
+
+def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: commits.Plan,
+                scored: Any) -> Any:
+    """``--output-table`` with ``--resume``: the table made empty (an old one dropped:
+    ``--overwrite``) unless this run resumes it, its location the plan's output; what
+    refreshes it after each commit. Without a table, what does nothing."""
+    name = args.output_table
+    if name is None:
+        return lambda: None
+    if not plan.resume:
+        if outputs_.table_exists(spark, name):  # --overwrite, or one holding no rows
+            outputs_.drop_table(spark, name)
+        plan.output = outputs_.create_table(spark, name, outputs, outputs.main(scored).schema)
+    return functools.partial(outputs_.refresh_table, spark, name, bool(args.partition_by))
+
+
+def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, overwrite: bool,
+                   heartbeat: Heartbeat, held: Callable[[], None]) -> dict:
+    """Write the scored input as one output (:func:`_publish`, ``held`` checking this job
+    still holds it); the job's figures."""
+    frame, observation = scored
+    started = time.perf_counter()
+
+    def line(tasks: Tasks) -> str:
+        elapsed = time.perf_counter() - started
+        if tasks is None:
+            return f"scoring: no Spark stage running, {clock(elapsed)} elapsed"
+        done, total = tasks
+        return (f"scoring: {done} of {total} tasks, {clock(elapsed)} elapsed, "
+                f"ETA {eta(elapsed, done, total)}")
+
+    with heartbeat.beating(line):
+        _publish(frame, paths, outputs, overwrite, held)
+    seconds = time.perf_counter() - started
+    figures = observation.get
+    rows = int(figures["rows"])
+    return {"rows": rows, "invalid_rows": int(figures["invalid_rows"]),
+            "invalid_by_reason": reasons_observed(figures["invalid_by_reason"]),
+            "seconds": round(seconds, 3),
+            "rows_per_second": round(rows / seconds, 1) if seconds else None,
+            "model_builds": int(figures["model_builds"]),
+            "build_seconds": round(float(figures["build_seconds"]), 3)}

@@ -1,0 +1,95 @@
+"""The package's layout holds (docs/architecture.md): components import one way, no
+circle between modules, no module over 400 lines. Read from the source: nothing runs."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+PACKAGE = os.path.join(REPO_ROOT, "spark_keras")
+MAX_LINES = 400
+
+# a component may not import these (whether at the top of a module or inside a function)
+FORBIDDEN = {
+    "payload": ("pyspark", "spark_keras.spark", "spark_keras.executor", "spark_keras.channel",
+                "spark_keras.ml", "spark_keras.jobs", "spark_keras.inference"),
+    "inference": ("pyspark", "spark_keras.spark", "spark_keras.executor", "spark_keras.channel",
+                  "spark_keras.ml", "spark_keras.jobs"),
+    "channel": ("spark_keras.spark", "spark_keras.executor", "spark_keras.ml", "spark_keras.jobs"),
+    "executor": ("spark_keras.spark", "spark_keras.ml", "spark_keras.jobs"),
+    "spark": ("spark_keras.ml", "spark_keras.jobs"),
+    "ml": ("spark_keras.jobs",),
+}
+
+
+def _modules() -> dict[str, str]:
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, REPO_ROOT)[:-3].replace(os.sep, ".")
+                found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(module: str, path: str, known: set[str]) -> set[str]:
+    """The modules of the package (or others, by name) that ``module`` imports."""
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known)
+    return names
+
+
+def test_components_import_one_way():
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        component = module.split(".")[1] if module.count(".") >= 2 else None
+        for name in _imports(module, path, set(modules)):
+            if any(name == f or name.startswith(f + ".") for f in FORBIDDEN.get(component, ())):
+                wrong.append(f"{module} imports {name}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_circle_between_modules():
+    modules = _modules()
+    graph = {m: {n for n in _imports(m, p, set(modules)) if n in modules and n != m
+                 and not m.startswith(n + ".")}  # a module may import its own package
+             for m, p in modules.items()}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                pytest.fail("circle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_no_module_over_400_lines():
+    long = {m: n for m, p in _modules().items()
+            if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_LINES}
+    assert not long, long
