@@ -62,7 +62,7 @@ def _write_input(folder: str, files: int, rows: int) -> None:
 
 
 def _args(work: str, mode: str, out: str) -> argparse.Namespace:
-    from spark_keras.jobs.score import parse_args
+    from spark_keras.jobs.score.main import parse_args
 
     argv = ["--model", os.path.join(work, "model.skp"), "--input", os.path.join(work, "input"),
             "--output", out, "--features", "features", "--no-progress"]

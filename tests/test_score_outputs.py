@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs.score import commits, parse_args
+from spark_keras.jobs.score import commits
+from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score import lease as score_lease
 from spark_keras.jobs.score.run import score
 from spark_keras.spark.paths import HadoopPaths

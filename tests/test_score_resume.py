@@ -22,10 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs.score import commits, parse_args
+from spark_keras.jobs.score import commits
+from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.errors import JobError, outcome
 from spark_keras.jobs.score.run import score
-from spark_keras.spark.paths import ArrowPaths, HadoopPaths, glob_escaped, join, write_whole
+from spark_keras.spark.arrow_paths import ArrowPaths
+from spark_keras.spark.paths import HadoopPaths, glob_escaped, join, write_whole
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
 
