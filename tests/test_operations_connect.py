@@ -67,7 +67,7 @@ def test_the_score_job_on_connect_resumes_a_partitioned_table_and_its_quarantine
     rerun after the last group was lost scores that group only; the table and the
     quarantine hold each row once, the reasons counted."""
     from spark_keras.jobs.score.run import score
-    from spark_keras.spark.paths import ArrowPaths
+    from spark_keras.spark.arrow_paths import ArrowPaths
     from tests.test_score_outputs import BAD, CLASSES, FILES, ROWS, job_args, predictions, write_data
 
     data = write_data(tmp_path)

@@ -377,11 +377,13 @@ def test_connect_path_never_touches_the_jvm():
     assert jvm_users(tree_of("jobs", "score", "main.py")) == set()
     assert jvm_users(tree_of("jobs", "score", "errors.py")) == set()
     assert jvm_users(tree_of("jobs", "score", "session.py")) == {"classic_session"}
-    paths = tree_of("spark", "paths.py")
-    assert jvm_users(paths) == {"hadoop_filesystem"}
-    arrow = next(top for top in paths.body if getattr(top, "name", None) == "ArrowPaths")
-    assert not {n.id for n in ast.walk(arrow) if isinstance(n, ast.Name)} & {
-        "hadoop_filesystem", "hadoop_qualified"}
+    assert jvm_users(tree_of("spark", "paths.py")) == {"hadoop_filesystem"}
+    arrow = tree_of("spark", "arrow_paths.py")  # Connect's paths: no JVM, nor Hadoop's
+    assert jvm_users(arrow) == set()
+    used = {n.id for n in ast.walk(arrow) if isinstance(n, ast.Name)} | {
+        a.name for n in ast.walk(arrow) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not used & {"hadoop_filesystem", "hadoop_qualified", "HadoopPaths"}, used
+    assert jvm_users(tree_of("jobs", "score", "checks.py")) == set()  # _open's, either side
     run = tree_of("jobs", "score", "run.py")
     assert jvm_users(run) == set()
     classic = {"classic_session", "HadoopPaths"}

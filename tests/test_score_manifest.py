@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from spark_keras.jobs.score import commits
 from spark_keras.jobs.score.main import parse_args
+from spark_keras.jobs.score.manifest import OPTIONS, difference, file_sha256, plan
 from spark_keras.jobs.score.run import manifest_options
 from spark_keras.spark.arrow_paths import ArrowPaths
 from tests.conftest import REPO_ROOT
@@ -59,7 +59,7 @@ def test_every_option_the_readme_refuses_on_resume_reaches_the_manifest(tmp_path
     lists (a new one documented, a documented one recorded)."""
     refused, _ = readme_resume_flags()
     assert sorted(refused) == sorted(CHANGES), "give each refused flag a changed value here"
-    assert set(commits.OPTIONS.values()) | {"--commit-bytes"} == set(refused)
+    assert set(OPTIONS.values()) | {"--commit-bytes"} == set(refused)
     (tmp_path / "in").mkdir()
     for name in ("part-0.parquet", "part-1.parquet"):
         (tmp_path / "in" / name).write_bytes(b"rows")
@@ -70,24 +70,23 @@ def test_every_option_the_readme_refuses_on_resume_reaches_the_manifest(tmp_path
 
     def manifest(argv: list[str]) -> dict:
         args = parse_args(argv)
-        return commits.plan(ArrowPaths(), args.input, None,
-                            model_sha256=commits.file_sha256(args.model),
-                            options=manifest_options(args), commit_bytes=args.commit_bytes,
-                            overwrite=False, spark_files=2).manifest
+        return plan(ArrowPaths(), args.input, None, model_sha256=file_sha256(args.model),
+                    options=manifest_options(args), commit_bytes=args.commit_bytes,
+                    overwrite=False, spark_files=2).manifest
 
-    keys = {flag: key for key, flag in commits.OPTIONS.items()}
+    keys = {flag: key for key, flag in OPTIONS.items()}
     for flag, (both, changed) in CHANGES.items():
         before, after = manifest(base + both), manifest(base + both + changed)
         if flag in keys:  # recorded, and recorded as changed
             key = keys[flag]
             assert before["options"].get(key, "absent") != after["options"].get(key, "absent"), \
                 f"{flag} does not reach the manifest's options[{key!r}]"
-        said = commits.difference(before, after, str(tmp_path / "in"))
+        said = difference(before, after, str(tmp_path / "in"))
         assert said is not None and (f"{flag} differs" in said or flag == "--invalid-output"), \
             (flag, said)  # a quarantine's rows carry the model version: named first
     (tmp_path / "other.keras").write_bytes(b"another model")
-    said = commits.difference(manifest(base),
-                              manifest(base + ["--model", str(tmp_path / "other.keras")]), "in")
+    said = difference(manifest(base),
+                      manifest(base + ["--model", str(tmp_path / "other.keras")]), "in")
     assert said is not None and said.startswith("the model is another one"), said
 
 

@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs.score import commits
-from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.main import parse_args
+from spark_keras.jobs.score.manifest import difference
 from spark_keras.jobs.score.run import score
 from spark_keras.spark.paths import HadoopPaths
 from tests import models
@@ -378,12 +378,12 @@ def test_a_difference_in_the_new_options_is_named():
     now = {**base, "options": {**base["options"], "output_format": "parquet",
                                "partition_by": None, "invalid_output": None,
                                "drop_invalid": False}}
-    assert commits.difference(base, now, "in") is None  # what an older log meant
+    assert difference(base, now, "in") is None  # what an older log meant
     for key, value, flag in (("output_format", "orc", "--output-format"),
                              ("partition_by", ["k"], "--partition-by"),
                              ("invalid_output", "bad/", "--invalid-output")):
         changed = {**now, "options": {**now["options"], key: value}}
-        assert commits.difference(base, changed, "in").startswith(f"{flag} differs ("), key
+        assert difference(base, changed, "in").startswith(f"{flag} differs ("), key
 
 
 # --- formats, partitions, tables ------------------------------------------------------------

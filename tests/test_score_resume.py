@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs.score import commits
-from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.errors import JobError, outcome
+from spark_keras.jobs.score.main import parse_args
+from spark_keras.jobs.score.manifest import difference, list_input, plan_groups
 from spark_keras.jobs.score.run import score
 from spark_keras.spark.arrow_paths import ArrowPaths
 from spark_keras.spark.paths import HadoopPaths, glob_escaped, join, write_whole
@@ -80,9 +80,9 @@ def read_sorted(spark, out):
 # --- no Spark --------------------------------------------------------------------------------
 
 def test_groups_are_bounded_runs_of_files_in_name_order():
-    assert commits.plan_groups([10, 10, 10, 50, 5, 5], 20) == [[0, 1], [2], [3], [4, 5]]
-    assert commits.plan_groups([20, 0, 1], 20) == [[0, 1], [2]]  # the bound is inclusive
-    assert commits.plan_groups([], 20) == []
+    assert plan_groups([10, 10, 10, 50, 5, 5], 20) == [[0, 1], [2], [3], [4, 5]]
+    assert plan_groups([20, 0, 1], 20) == [[0, 1], [2]]  # the bound is inclusive
+    assert plan_groups([], 20) == []
 
 
 def manifest(**changes):
@@ -95,26 +95,25 @@ def manifest(**changes):
 
 def test_a_difference_is_named_first_by_model_then_options_then_files():
     old = manifest()
-    assert commits.difference(old, manifest(), "in") is None
-    said = commits.difference(old, manifest(model_sha256="b" * 64), "in")
+    assert difference(old, manifest(), "in") is None
+    said = difference(old, manifest(model_sha256="b" * 64), "in")
     assert said.startswith("the model is another one (sha256 bbbbbbbbbbbb...; the committed "
                            "groups were scored by aaaaaaaaaaaa...)"), said
-    said = commits.difference(old, manifest(options={**old["options"], "output_col": "score"}),
-                              "in")
+    said = difference(old, manifest(options={**old["options"], "output_col": "score"}), "in")
     assert said == "--output-col differs ('score' now, 'prediction' for the committed groups)"
-    said = commits.difference(old, manifest(options={**old["options"], "buckets": [4, 8]}), "in")
+    said = difference(old, manifest(options={**old["options"], "buckets": [4, 8]}), "in")
     assert said == "--buckets differs ([4, 8] now, None for the committed groups)"
     touched = [old["files"][0], ["k=1/b.parquet", 20, 1_700_000_005_000]]
-    assert commits.difference(old, manifest(files=touched), "in") == (
+    assert difference(old, manifest(files=touched), "in") == (
         "input file 'in/k=1/b.parquet' changed (size 20 -> 20 bytes, modified "
         "2023-11-14 22:13:20.000 UTC -> 2023-11-14 22:13:25.000 UTC)")
     both = [["k=0/a.parquet", 11, 1]]
-    assert commits.difference(old, manifest(files=both), "in") == (
+    assert difference(old, manifest(files=both), "in") == (
         "input file 'in/k=0/a.parquet' changed (size 10 -> 11 bytes, modified "
         "2023-11-14 22:13:20.000 UTC -> 1970-01-01 00:00:00.001 UTC) (and 1 more input file(s))")
-    said = commits.difference(old, manifest(files=old["files"] + [["c.parquet", 1, 1]]), "in")
+    said = difference(old, manifest(files=old["files"] + [["c.parquet", 1, 1]]), "in")
     assert said == "input file 'in/c.parquet' is new"
-    assert commits.difference(old, manifest(commit_bytes=5), "in").startswith(
+    assert difference(old, manifest(commit_bytes=5), "in").startswith(
         "--commit-bytes differs (5 now, 100 for")
 
 
@@ -127,16 +126,16 @@ def test_the_path_layers_list_what_spark_reads_and_write_whole_files(spark, data
     create, read and move small files alike."""
     hadoop, arrow = HadoopPaths(spark), ArrowPaths()
     root = str(data / "parted")
-    listed = commits.list_input(hadoop, root)
-    assert listed == commits.list_input(arrow, root)
+    listed = list_input(hadoop, root)
+    assert listed == list_input(arrow, root)
     assert [p for p, _, _ in listed] == [f"k={k}/part-{j}.parquet" for k in (0, 1) for j in range(2)]
     assert listed[0][1] == os.path.getsize(data / "parted" / "k=0" / "part-0.parquet")
     assert listed[0][2] == os.stat(data / "parted" / "k=0" / "part-0.parquet").st_mtime_ns // 10**6
     read = spark.read.parquet(root).inputFiles()
     assert sorted(f.rsplit("/", 1)[1] for f in read) == sorted(p.rsplit("/", 1)[1] for p, _, _ in listed)
     single = str(data / "flat" / "part-1.parquet")
-    assert commits.list_input(hadoop, single) == commits.list_input(arrow, single)
-    assert commits.list_input(hadoop, single)[0][0] == ""
+    assert list_input(hadoop, single) == list_input(arrow, single)
+    assert list_input(hadoop, single)[0][0] == ""
     for name, paths in (("hadoop", hadoop), ("arrow", arrow)):
         target = join(str(tmp_path / name / "a" / "b"), "record.json")
         write_whole(paths, target, '{"x": 1}')

@@ -4,10 +4,12 @@
   ``s3a://b/k``); what a scheme name is, is :func:`spark_keras.storage.is_uri`'s pattern.
 * :func:`stage_file`: where a file of a pipeline stage saved at a path lives, as Spark puts
   the stage's metadata (Hadoop qualifies a plain path on classic Spark).
-* :class:`HadoopPaths` (classic Spark: Hadoop's FileSystem through the driver's JVM) and
-  :class:`ArrowPaths` (Spark Connect: ``pyarrow.fs`` on the client), behind :class:`Paths`;
+* :class:`Paths`, the score job's file operations, and :class:`HadoopPaths` (classic
+  Spark: Hadoop's FileSystem through the driver's JVM); Spark Connect's, with
+  ``pyarrow.fs`` on the client, are :class:`~spark_keras.spark.arrow_paths.ArrowPaths`.
   :func:`listed_by_spark` (the names Spark's file sources read), :func:`glob_escaped`,
-  :func:`join` and :func:`write_whole` (a small file created whole) on top of them.
+  :func:`join` and :func:`write_whole` (a small file created whole) work on either;
+  :func:`failing` and :func:`local_place` are what both implementations share.
 
 Nothing here imports PySpark: the JVM is reached through the session given.
 """
@@ -27,12 +29,10 @@ from spark_keras import storage
 from spark_keras.errors import StorageError
 
 __all__ = ["scheme", "stage_file", "hadoop_qualified", "file_uri_path", "Paths",
-           "HadoopPaths", "ArrowPaths", "Entry", "join", "listed_by_spark", "glob_escaped", "write_whole"]
+           "HadoopPaths", "Entry", "join", "listed_by_spark", "glob_escaped", "write_whole",
+           "failing", "local_place"]
 
 logger = logging.getLogger("spark_keras")
-
-_NO_DIRECTORY_MOVE = {"s3", "gcs"}  # object stores: pyarrow moves single objects only
-
 
 def scheme(path: str) -> str | None:
     """The scheme ``path`` starts with, lowercased (``"hdfs"`` for ``hdfs:/x``, ``"s3a"``
@@ -42,12 +42,6 @@ def scheme(path: str) -> str | None:
     if colon and len(name) > 1 and storage.is_uri(f"{name}://"):  # a valid scheme name
         return name.lower()
     return None
-
-
-def _is_url(path: str) -> bool:
-    """``scheme:/...``: a URI with a path (``file:/x``, ``hdfs://nn/x``), not a plain path."""
-    found = scheme(path)
-    return found is not None and path[len(found) + 1:].startswith("/")
 
 
 # --- Hadoop, through the driver's JVM ----------------------------------------------------------
@@ -206,7 +200,7 @@ class Paths(Protocol):
 
 
 @contextlib.contextmanager
-def _failing(what: str, path: str) -> Iterator[None]:
+def failing(what: str, path: str) -> Iterator[None]:
     """An error of the filesystem becomes a :class:`StorageError` naming ``path``."""
     try:
         yield
@@ -219,7 +213,7 @@ def _failing(what: str, path: str) -> Iterator[None]:
         raise StorageError(f"cannot {what} {path!r}: {cause}") from exc
 
 
-def _local_place(path: str) -> str:
+def local_place(path: str) -> str:
     """:meth:`Paths.place` without Hadoop: a plain or ``file:`` path made absolute and
     real, a URI's path normalised."""
     if scheme(path) is None:
@@ -251,7 +245,7 @@ class HadoopPaths:
     def place(self, path: str) -> str:
         found = hadoop_qualified(self._spark, path)  # Hadoop's Path normalises . and ..
         if found is None:
-            return _local_place(path)
+            return local_place(path)
         return os.path.realpath(found) if scheme(found) is None else found.rstrip("/")
 
     def check_output(self, path: str) -> None:
@@ -272,7 +266,7 @@ class HadoopPaths:
             raise StorageError(f"cannot move the output into {dst!r}")
 
     def make_folder(self, path: str) -> None:
-        with _failing("create", path):
+        with failing("create", path):
             fs, hadoop_path = hadoop_filesystem(self._spark, path)
             fs.mkdirs(hadoop_path)
 
@@ -283,20 +277,20 @@ class HadoopPaths:
                      0 if directory else int(status.getLen()), int(status.getModificationTime()))
 
     def status(self, path: str) -> Entry | None:
-        with _failing("read", path):
+        with failing("read", path):
             fs, hadoop_path = hadoop_filesystem(self._spark, path)
             if not fs.exists(hadoop_path):
                 return None
             return self._entry(fs.getFileStatus(hadoop_path))
 
     def children(self, path: str) -> list[Entry]:
-        with _failing("list", path):
+        with failing("list", path):
             fs, hadoop_path = hadoop_filesystem(self._spark, path)
             return sorted((self._entry(s) for s in fs.listStatus(hadoop_path)),
                           key=lambda e: e.name)
 
     def read_bytes(self, path: str) -> bytes:
-        with _failing("read", path):
+        with failing("read", path):
             fs, hadoop_path = hadoop_filesystem(self._spark, path)
             stream = fs.open(hadoop_path)
             try:
@@ -305,111 +299,10 @@ class HadoopPaths:
                 stream.close()
 
     def create(self, path: str, data: bytes) -> None:
-        with _failing("write", path):
+        with failing("write", path):
             fs, hadoop_path = hadoop_filesystem(self._spark, path)
             out = fs.create(hadoop_path, False)  # folders too; never over a file
             try:
                 out.write(bytearray(data))
             finally:
                 out.close()
-
-
-class ArrowPaths:
-    """Spark Connect: ``pyarrow.fs`` on the client. Plain paths are local ones, made
-    absolute (``file://``) so that the server and this client mean the same files."""
-
-    def _fs(self, path: str) -> tuple[Any, str]:
-        import pyarrow.fs as pafs
-
-        if not _is_url(path):
-            return pafs.LocalFileSystem(), os.path.abspath(path)
-        try:
-            return pafs.FileSystem.from_uri(path)
-        except (ValueError, OSError) as exc:  # unknown scheme, no libhdfs, bad URI...
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise StorageError(f"path {path!r} cannot be opened on this Spark Connect client "
-                               f"(pyarrow.fs: {reason})") from exc
-
-    def qualify(self, path: str) -> str:
-        return path if _is_url(path) else "file://" + os.path.abspath(path)
-
-    def place(self, path: str) -> str:
-        return _local_place(path)
-
-    def check_output(self, path: str) -> None:
-        fs, _ = self._fs(path)
-        if fs.type_name in _NO_DIRECTORY_MOVE:
-            raise StorageError(f"output path {path!r}: {fs.type_name} cannot rename a folder, "
-                               "so the output cannot be published atomically from a Spark "
-                               "Connect client; write to a local or HDFS path")
-
-    def exists(self, path: str) -> bool:
-        import pyarrow.fs as pafs
-
-        fs, fs_path = self._fs(path)
-        return fs.get_file_info(fs_path).type != pafs.FileType.NotFound
-
-    def delete(self, path: str) -> None:
-        import pyarrow.fs as pafs
-
-        fs, fs_path = self._fs(path)
-        kind = fs.get_file_info(fs_path).type
-        if kind == pafs.FileType.Directory:
-            fs.delete_dir(fs_path)
-        elif kind != pafs.FileType.NotFound:
-            fs.delete_file(fs_path)
-
-    def move(self, src: str, dst: str) -> None:
-        fs, dst_path = self._fs(dst)
-        _, src_path = self._fs(src)
-        try:
-            fs.move(src_path, dst_path)
-        except (OSError, NotImplementedError) as exc:
-            raise StorageError(f"cannot move the output into {dst!r}: {exc}") from exc
-
-    def make_folder(self, path: str) -> None:
-        with _failing("create", path):
-            fs, fs_path = self._fs(path)
-            fs.create_dir(fs_path, recursive=True)
-
-    @staticmethod
-    def _entry(info: Any) -> Entry:
-        import pyarrow.fs as pafs
-
-        directory = info.type == pafs.FileType.Directory
-        mtime_ns = info.mtime_ns or 0
-        return Entry(info.base_name, directory, 0 if directory else int(info.size or 0),
-                     mtime_ns // 1_000_000)
-
-    def status(self, path: str) -> Entry | None:
-        import pyarrow.fs as pafs
-
-        with _failing("read", path):
-            fs, fs_path = self._fs(path)
-            info = fs.get_file_info(fs_path)
-            return None if info.type == pafs.FileType.NotFound else self._entry(info)
-
-    def children(self, path: str) -> list[Entry]:
-        import pyarrow.fs as pafs
-
-        with _failing("list", path):
-            fs, fs_path = self._fs(path)
-            found = fs.get_file_info(pafs.FileSelector(fs_path, recursive=False))
-            return sorted((self._entry(info) for info in found), key=lambda e: e.name)
-
-    def read_bytes(self, path: str) -> bytes:
-        with _failing("read", path):
-            fs, fs_path = self._fs(path)
-            with fs.open_input_stream(fs_path) as stream:
-                return bytes(stream.read())
-
-    def create(self, path: str, data: bytes) -> None:
-        import pyarrow.fs as pafs
-
-        with _failing("write", path):
-            fs, fs_path = self._fs(path)
-            if fs.get_file_info(fs_path).type != pafs.FileType.NotFound:
-                raise FileExistsError(f"{path!r} exists")
-            fs.create_dir(fs_path.rstrip("/").rpartition("/")[0] or "/", recursive=True)
-            with fs.open_output_stream(fs_path) as out:
-                out.write(data)

@@ -1,16 +1,21 @@
 """The score job's progress lines (``--progress``): a line every ``--progress-seconds``
 while Spark runs the scoring, from the tasks of the session's running stages (classic:
-``SparkContext.statusTracker()``; Spark Connect: the client's progress handler), and the
-number formats of those lines."""
+``SparkContext.statusTracker()``; Spark Connect: the client's progress handler), the
+number formats of those lines, and a resumable run's figures over its commits
+(:class:`Progress`: the line after each commit and the summary)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
+import time
 from typing import Any, Callable, Iterator, Optional, Tuple
 
-__all__ = ["Tasks", "Heartbeat", "running_tasks", "count", "byte_size", "clock", "eta"]
+from spark_keras.jobs.score.manifest import Plan
+
+__all__ = ["Tasks", "Heartbeat", "Progress", "running_tasks", "count", "byte_size", "clock",
+           "eta"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
@@ -128,3 +133,77 @@ class Heartbeat:
             stop.set()
             thread.join()
             source.close()
+
+
+class Progress:
+    """This run's figures, summed over the groups it committed, and the line and summary
+    an operator reads after each commit."""
+
+    def __init__(self, plan: Plan, committed: dict[int, dict]) -> None:
+        self._plan = plan
+        self.total = len(plan.manifest["groups"])
+        self.skipped = len(committed)
+        self.rows_skipped = sum(int(r["rows"]) for r in committed.values())
+        self._left = sum(plan.group_bytes(i) for i in range(self.total) if i not in committed)
+        self._done_bytes = 0
+        self.groups = self.rows = self.invalid_rows = self.builds = 0
+        self.build_seconds = 0.0
+        self.by_reason: dict[str, int] = {}
+        self._started = time.perf_counter()
+
+    def started(self) -> str:
+        left = f"{self.total - self.skipped} group(s), {byte_size(self._left)} of input"
+        if self.skipped:
+            return (f"resuming {self._plan.output!r}: {self.skipped} of {self.total} groups "
+                    f"({count(self.rows_skipped)} rows) committed before; scoring {left}")
+        return f"scoring {left} into {self._plan.output!r}"
+
+    def add(self, index: int, record: dict) -> None:
+        self.groups += 1
+        self.rows += int(record["rows"])
+        self.invalid_rows += int(record["invalid_rows"])
+        self.builds += int(record["model_builds"])
+        self.build_seconds += float(record["build_seconds"])
+        for reason, rows in record.get("invalid_by_reason", {}).items():
+            self.by_reason[reason] = self.by_reason.get(reason, 0) + int(rows)
+        self._done_bytes += self._plan.group_bytes(index)
+
+    def eta(self) -> float | None:
+        seconds = time.perf_counter() - self._started
+        left = self._left - self._done_bytes
+        if not left:
+            return 0.0
+        return left * seconds / self._done_bytes if self._done_bytes else None
+
+    def line(self, group: int | None = None, tasks: Tasks = None) -> str:
+        """After a commit; or while ``group`` is scored, with its running ``tasks`` (the
+        ETA counts the part of its bytes their share done)."""
+        seconds = time.perf_counter() - self._started
+        done: float = self._done_bytes
+        if group is not None and tasks is not None and tasks[1]:
+            done += self._plan.group_bytes(group) * tasks[0] / tasks[1]
+        text = (f"committed {self.skipped + self.groups} of {self.total} groups, "
+                f"{count(self.rows_skipped + self.rows)} rows "
+                f"({count(self.invalid_rows)} invalid), "
+                f"{count(self.rows / max(seconds, 1e-9))} rows/s, "
+                f"ETA {eta(seconds, done, self._left)}")
+        if group is not None:
+            text += f"; group {group + 1}: " + \
+                ("no Spark stage running" if tasks is None else f"{tasks[0]} of {tasks[1]} tasks")
+        return text
+
+    def summary(self) -> dict:
+        """The job's figures (those of a run without ``--resume``, for this run's rows)
+        and the commit figures: ``rows_skipped``, ``groups`` (committed by this run),
+        ``groups_skipped``, ``groups_total``, ``eta_seconds`` and ``done``."""
+        seconds = time.perf_counter() - self._started
+        eta = self.eta()
+        return {"rows": self.rows, "invalid_rows": self.invalid_rows,
+                "invalid_by_reason": dict(sorted(self.by_reason.items())),
+                "seconds": round(seconds, 3),
+                "rows_per_second": round(self.rows / seconds, 1) if seconds else None,
+                "model_builds": self.builds, "build_seconds": round(self.build_seconds, 3),
+                "rows_skipped": self.rows_skipped, "groups": self.groups,
+                "groups_skipped": self.skipped, "groups_total": self.total,
+                "eta_seconds": None if eta is None else round(eta, 1),
+                "done": self.skipped + self.groups == self.total}

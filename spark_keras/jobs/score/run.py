@@ -1,109 +1,40 @@
-"""Running the score job: check the options and paths, open the session, score the input
-into a staging folder, publish it, and report the figures the transform observed; with
-``--resume``, in commits (:mod:`spark_keras.jobs.score.commits`). What is written, in
-which format, and the quarantine: :mod:`spark_keras.jobs.score.outputs`."""
+"""Running the score job: check the options and paths
+(:mod:`spark_keras.jobs.score.checks`), open the session, score the input into a staging
+folder, publish it, and report the figures the transform observed; with ``--resume``, in
+commits (:mod:`spark_keras.jobs.score.commits`) of the groups its manifest fixes
+(:mod:`spark_keras.jobs.score.manifest`). What is written, in which format, and the
+quarantine: :mod:`spark_keras.jobs.score.outputs`."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import itertools
 import logging
 import os
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from spark_keras import storage
 from spark_keras._deps import require
 from spark_keras.errors import ArgumentError, StorageError, WorkersPythonError
 from spark_keras.inference.buckets import checked
-from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
-from spark_keras.jobs.score import commits
+from spark_keras.inference.options import FLAGS
+from spark_keras.jobs.score import commits, manifest
 from spark_keras.jobs.score import outputs as outputs_
+from spark_keras.jobs.score.checks import check_apart, check_options, check_paths, path_errors
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.lease import Leases
 from spark_keras.jobs.score.outputs import Outputs
 from spark_keras.jobs.score.progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
+from spark_keras.spark.arrow_paths import ArrowPaths
 from spark_keras.spark.figures import reasons_observed
-from spark_keras.spark.paths import ArrowPaths, HadoopPaths, Paths, glob_escaped
+from spark_keras.spark.paths import HadoopPaths, Paths, glob_escaped
 
 __all__ = ["run", "score", "manifest_options"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
-
-
-@contextlib.contextmanager
-def _path_errors() -> Iterator[None]:
-    """A path the job cannot use stops it, as a bad option does."""
-    try:
-        yield
-    except StorageError as exc:
-        raise JobError(str(exc)) from exc
-
-
-def _check_paths(paths: Paths, args: argparse.Namespace) -> None:
-    """Refuse an existing output or invalid rows' output (unless ``--overwrite``), a
-    missing input, and places that hold one another."""
-    with _path_errors():
-        _check_apart(paths, [("--input", args.input), ("--output", args.output),
-                             ("--invalid-output", args.invalid_output)])
-        if args.output is not None:
-            paths.check_output(args.output)
-        if args.output is not None and paths.exists(args.output) \
-                and not (args.overwrite or args.resume):
-            resumable = commits.has_commit_log(paths, args.output)
-            raise JobError(f"output path {args.output!r} exists; pass --overwrite to replace it"
-                           + (" (or --resume to continue it)" if resumable else ""))
-        if args.invalid_output is not None:
-            paths.check_output(args.invalid_output)
-            if paths.exists(args.invalid_output) and not (args.overwrite or args.resume):
-                raise JobError(f"invalid rows' output path {args.invalid_output!r} exists; "
-                               f"pass --overwrite to replace it")
-        if not paths.exists(args.input):
-            raise JobError(f"input path {args.input!r} does not exist")
-        if not paths.exists(args.model):  # before any stage reads the input
-            raise JobError(f"cannot load model {args.model!r}: {args.model!r} does not exist")
-
-
-def _check_options(args: argparse.Namespace) -> None:
-    """Refuse options that do not go together, and a metrics file that cannot be written,
-    before any session starts."""
-    try:
-        check_error_col(args.error_col, args.on_invalid, FLAGS)
-        args.max_invalid = check_max_invalid(args.max_invalid, args.on_invalid, FLAGS)
-        args.buckets = check_buckets(args.buckets, FLAGS)
-    except ArgumentError as exc:
-        raise JobError(str(exc)) from None
-    if args.invalid_output is not None and args.on_invalid != "null":
-        raise JobError("--invalid-output needs --on-invalid null (with --on-invalid error "
-                       "an invalid row fails the job)")
-    if args.drop_invalid and args.invalid_output is None:
-        raise JobError("--drop-invalid needs --invalid-output (invalid rows are never "
-                       "dropped without being kept elsewhere)")
-    if args.metrics_json is not None:
-        folder = os.path.dirname(os.path.abspath(args.metrics_json))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise JobError(f"--metrics-json {args.metrics_json!r}: folder {folder!r} does not "
-                           f"exist or is not writable")
-
-
-def _check_apart(paths: Paths, given: list[tuple[str, str | None]]) -> None:
-    """Refuse an output, quarantine and input (``given``: flag, path) that hold one
-    another: a fresh run removes its outputs (the input with them), and a resumed one
-    lists them (files of the other would be files nobody committed, or input files Spark
-    does not read)."""
-    places = [(flag, path, paths.place(path)) for flag, path in given if path is not None]
-    for (flag, path, where), (other_flag, other, other_where) in itertools.combinations(places, 2):
-        if where == other_where:
-            raise JobError(f"{other_flag} {other!r} is {flag} {path!r} itself: give it a "
-                           f"folder of its own")
-    for (flag, path, where), (outer_flag, outer, outer_where) in itertools.permutations(places, 2):
-        if where.startswith(outer_where.rstrip("/") + "/"):
-            raise JobError(f"{flag} {path!r} is inside {outer_flag} {outer!r}: give it a "
-                           f"folder outside")
 
 
 def _write_metrics(path: str, summary: dict) -> None:
@@ -119,7 +50,7 @@ def _write_metrics(path: str, summary: dict) -> None:
 def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     """The session and its path operations, paths checked. On Connect the checks run on
     the client first, so a bad path fails before a server is started or reached."""
-    _check_options(args)
+    check_options(args)
     user = settings(args.conf, args.properties_file)
     if args.remote:
         if args.master:
@@ -127,12 +58,12 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
                            f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
         require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
         paths: Paths = ArrowPaths()  # the client's own check first: no use checking paths
-        _check_paths(paths, args)
+        check_paths(paths, args)
         return connect_session(args.remote, user, args.verbose), paths
     spark = classic_session(args.master, user, args.verbose)
     try:
         paths = HadoopPaths(spark)
-        _check_paths(paths, args)
+        check_paths(paths, args)
     except BaseException:
         spark.stop()
         raise
@@ -176,7 +107,8 @@ def _features(args: argparse.Namespace) -> list[str]:
 
 def manifest_options(args: argparse.Namespace) -> dict:
     """What a ``--resume`` run's manifest holds of the options (the keys of
-    :data:`.score_commits.OPTIONS`): those that change what a row becomes or where it goes."""
+    :data:`spark_keras.jobs.score.manifest.OPTIONS`): those that change what a row
+    becomes or where it goes."""
     versioned = args.version_col is not None or args.invalid_output is not None
     return {"features": _features(args), "output_col": args.output_col,
             "format": _format(args.input, args.format),
@@ -190,17 +122,17 @@ def manifest_options(args: argparse.Namespace) -> dict:
             "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid}
 
 
-def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -> commits.Plan:
+def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -> manifest.Plan:
     """The groups of a ``--resume`` run into ``output`` (None: a table this run makes), or
     why its output cannot be resumed (before the model is loaded: the model file's digest
     is its bytes')."""
-    with _path_errors():
-        return commits.plan(paths, args.input, output,
-                            model_sha256=commits.file_sha256(args.model),
-                            options=manifest_options(args),
-                            commit_bytes=args.commit_bytes, overwrite=args.overwrite,
-                            spark_files=len(df.inputFiles()),
-                            invalid_output=args.invalid_output)
+    with path_errors():
+        return manifest.plan(paths, args.input, output,
+                             model_sha256=manifest.file_sha256(args.model),
+                             options=manifest_options(args),
+                             commit_bytes=args.commit_bytes, overwrite=args.overwrite,
+                             spark_files=len(df.inputFiles()),
+                             invalid_output=args.invalid_output)
 
 
 def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str | None:
@@ -214,10 +146,10 @@ def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str |
     if args.overwrite:
         return None
     location = outputs_.table_location(spark, name)
-    with _path_errors():
-        resumable = commits.has_commit_log(paths, location)
+    with path_errors():
+        resumable = manifest.has_commit_log(paths, location)
         empty = not resumable and (not paths.exists(location)
-                                   or not commits.list_input(paths, location))
+                                   or not manifest.list_input(paths, location))
     if args.resume and resumable:
         return location
     if args.resume and empty:
@@ -238,7 +170,7 @@ def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
     anything fails."""
     staging = {target: f"{target.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
                for target in (outputs.path, outputs.invalid_path) if target is not None}
-    with _path_errors():
+    with path_errors():
         try:
             main, invalid = (None if t is None else paths.qualify(staging[t])
                              for t in (outputs.path, outputs.invalid_path))
@@ -293,8 +225,8 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     from spark_keras import flavour
     from spark_keras.quiet import quiet_tensorflow_startup
 
-    _check_options(args)
-    _check_paths(paths, args)
+    check_options(args)
+    check_paths(paths, args)
     fmt = _format(args.input, args.format)
     df = _read(spark, paths, args.input, fmt)
     features = _features(args)
@@ -307,8 +239,8 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     outputs = Outputs.of(args, df.columns)
     location = None if args.output_table is None else _table_location(spark, paths, args)
     table = None if args.output_table is None else outputs_.table_folder(spark, args.output_table)
-    with _path_errors():
-        _check_apart(paths, [("--input", args.input), ("--invalid-output", args.invalid_output),
+    with path_errors():
+        check_apart(paths, [("--input", args.input), ("--invalid-output", args.invalid_output),
                              (f"the folder of --output-table {args.output_table!r}", table)])
     plan = _plan(paths, args, df, args.output or location) \
         if args.resume else None
@@ -336,7 +268,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
 
 
 def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace, df: Any,
-                fmt: str, features: list[str], plan: commits.Plan | None,
+                fmt: str, features: list[str], plan: manifest.Plan | None,
                 outputs: Outputs, table: str | None) -> dict:
     """:func:`score`'s scoring, once the model is loaded (``table``: the folder of the
     ``--output-table``, as it is or will be)."""
@@ -367,7 +299,7 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
         if plan is not None:
             published = _table_made(spark, args, outputs, plan, whole[0])
             leases.add(plan.output)  # a table whose folder could not be told before
-            with _path_errors():
+            with path_errors():
                 summary = commits.run_groups(
                     plan, leases, _group_reader(spark, paths, args, fmt, df.schema), transform,
                     outputs.write, paths.qualify, committed, heartbeat, published)
@@ -383,7 +315,7 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     return summary
 
 
-def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: commits.Plan,
+def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: manifest.Plan,
                 scored: Any) -> Any:
     """``--output-table`` with ``--resume``: the table made empty (an old one dropped:
     ``--overwrite``) unless this run resumes it, its location the plan's output; what
