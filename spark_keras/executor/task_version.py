@@ -1,7 +1,7 @@
 """In a worker: the version of a BroadcastModel that the running Spark task scores with.
 
-The task's scope (:func:`~.versions.scope_of`: its micro-batch, SQL execution or stage)
-is asked of the driver once per process (:func:`.version_server.ask`), and the answer
+The task's scope (:func:`~.scopes.scope_of`: its micro-batch, SQL execution or stage)
+is asked of the driver once per process (:func:`.client.ask`), and the answer
 this process settles on is kept for the scope: every task of a micro-batch or action
 scores with one version. The answer also lists the versions released, whose models this
 process drops, and whose payload files leave the executor, before the task goes on.
@@ -32,15 +32,16 @@ import logging
 import re
 import socket
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from spark_keras.cache import model_cache
 from spark_keras.channel import client as channel_client
-from spark_keras.channel import version_server
-from spark_keras.channel.versions import SCOPE_PROPERTIES, scope_of
+from spark_keras.channel.scopes import SCOPE_PROPERTIES, scope_of
 from spark_keras.errors import ChannelError, SparkKerasError
 from spark_keras.executor import shipped_objects
-from spark_keras.executor.transport import ServedTransport, StorageTransport
+from spark_keras.executor.transport.base import Transport
+from spark_keras.executor.transport.served import ServedTransport
+from spark_keras.executor.transport.storage import StorageTransport
 from spark_keras.payload.stored import StoredModel
 
 logger = logging.getLogger("spark_keras")
@@ -73,6 +74,15 @@ def task_scope() -> tuple[bool, str | None]:
         return False, None
     properties = {k: context.getLocalProperty(k) for k in SCOPE_PROPERTIES}
     return True, scope_of(properties, context.stageId())
+
+
+def for_task(handle: Any) -> Any:
+    """``handle`` (a BroadcastModel) as the version the running task scores with: itself
+    on the driver, outside a task, or as a version's copy; else :func:`version_for`."""
+    if handle._model is not None or handle._versions is None:
+        return handle
+    in_task, scope = task_scope()
+    return version_for(handle, scope) if in_task else handle
 
 
 def version_for(handle: Any, scope: str | None) -> Any:
@@ -115,15 +125,31 @@ def version_for(handle: Any, scope: str | None) -> Any:
                            "the version this plan was made with; update() does not reach this "
                            "query", address.url, exc)
         return _keep(handle._name, scope, None) or handle
-    for gone in answer["released"]:
-        if gone["key"] not in dropped:
-            model_cache.drop(gone["key"])
-            transport = ServedTransport if gone["index"] > 1 else type(handle._transport)
-            transport.forget([gone["key"]])
-            dropped.add(gone["key"])
+    drop_released([(gone["key"], ServedTransport if gone["index"] > 1 else type(handle._transport))
+                   for gone in answer["released"]])
     version = answer["version"]
     chosen = None if version["index"] == 1 else _as_version(handle, version)
     return _keep(handle._name, scope, chosen) or handle
+
+
+def drop_released(released: Iterable[tuple[str, type[Transport]]]) -> list[str]:
+    """Drop the models of ``released`` (``(key, transport class)`` pairs) not dropped
+    here yet, and have each transport remove the executor's files of its keys.
+
+    Returns:
+        The keys dropped now.
+    """
+    by_transport: dict[type[Transport], list[str]] = {}
+    for key, transport in released:
+        if key not in dropped:
+            by_transport.setdefault(transport, []).append(key)
+    stale = [key for keys in by_transport.values() for key in keys]
+    for key in stale:
+        model_cache.drop(key)
+    for transport, keys in by_transport.items():  # the files of each, where it put them
+        transport.forget(keys)
+    dropped.update(stale)
+    return stale
 
 
 def _keep(name: str, scope: str | None, chosen: Any) -> Any:
@@ -148,7 +174,7 @@ def _ask(address: Any, name: str, scope: str | None) -> dict[str, Any]:
     while True:
         attempts += 1
         try:
-            return version_server.ask(address, name, scope)
+            return channel_client.ask(address, name, scope)
         except ChannelError as exc:
             if _unreachable(exc) or not _listening(address):
                 raise

@@ -1,38 +1,24 @@
-"""BroadcastModel: a Keras model broadcast once, rebuilt once per Python worker process."""
+"""BroadcastModel: a Keras model broadcast once, rebuilt once per Python worker process.
+
+Its public methods are here; how it ships (:mod:`.broadcast_shipping`), its later versions
+(:mod:`.broadcast_versions`) and what it releases when (:mod:`.broadcast_lifecycle`) are
+their own modules'."""
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import logging
 import os
 import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from spark_keras.cache import model_cache
-from spark_keras.channel import version_server, versions
+from spark_keras.channel import version_server
 from spark_keras.errors import SparkKerasError
-from spark_keras.executor import driver_payload, resources, shipped_objects, task_version
-from spark_keras.executor.environment import check_environment
-from spark_keras.executor.transport import ServedTransport, Transport, file_digest, is_connect, transport_for
+from spark_keras.executor import driver_payload, resources, task_model, task_version
+from spark_keras.executor.transport.base import Transport
 from spark_keras.handle import ModelHandle
 from spark_keras.inference.options import DEFAULT_BATCH_SIZE, check_resize
-from spark_keras.inference.predictor import predictor_for
 from spark_keras.inference.preprocess import Preprocess
-from spark_keras.inference.signature import Signature, signature_of
-from spark_keras.payload.shipment import Shipment
-from spark_keras.spark import exposure
-
-logger = logging.getLogger("spark_keras")
-
-# Keys of BroadcastModels released on this driver, each with the class of the transport
-# that shipped it; every handle shipped afterwards carries them, and a worker using any
-# handle first drops those models and has their own transport forget their files (see
-# check_usable).
-_released: collections.deque[tuple[str, type[Transport]]] = collections.deque(maxlen=256)
-# In a worker: released keys already dropped here
-_dropped = task_version.dropped
+from spark_keras.spark import broadcast_lifecycle, broadcast_shipping, broadcast_versions
 
 
 class BroadcastModel(ModelHandle):
@@ -103,6 +89,13 @@ class BroadcastModel(ModelHandle):
         rdd.mapPartitions(bm.predict_partition)                 # plain RDDs
     """
 
+    # set by broadcast_shipping (state shared with broadcast_versions, broadcast_lifecycle,
+    # executor.task_model and executor.task_version, which take the handle)
+    _transport: Transport  # how version 1's payload reaches the executors
+    _versions: version_server.Address | None  # the handle's token for the driver's channel
+    _version: str  # the current version's label (a worker's copy: its own version's)
+    _finalizer: weakref.finalize | None  # releases the driver's copies once collected
+
     def __init__(self, spark: Any, model_or_path: Any, *,
                  custom_objects: Mapping[str, Any] | None = None, safe_mode: bool = True,
                  share_weights: bool = True,
@@ -111,82 +104,21 @@ class BroadcastModel(ModelHandle):
                  refresh: float | None = None, ship: str = "auto") -> None:
         # every argument is checked before a file is written
         self.resize = check_resize(resize)
-        label = versions.check_label(version, [])
-        driver_payload.check_ship(ship, is_connect(spark))
-        watch_every = versions.check_refresh(refresh, model_or_path)
+        label, watch_every = broadcast_shipping.check(spark, model_or_path, version, ship, refresh)
         self._preprocess = Preprocess.of(preprocess)
         self._custom_objects, self._safe_mode = custom_objects, safe_mode
-        if not is_connect(spark):
-            check_environment(getattr(spark, "sparkContext", spark))
-        # versions (see update): the driver's schedule answers the workers' tasks; the
-        # server stays open while this handle, or the Spark context, lives
-        with version_server.serving(
-                lambda: version_server.driver_host(spark, is_connect(spark)),
-                lambda: version_server.bind_address(spark, is_connect(spark))) as server:
-            exposure.warn_if_exposed(spark)  # the token travels as privately as Spark's RPC
-            payload = driver_payload.read(model_or_path, custom_objects, safe_mode,
-                                          new_file=server.new_file, ship=ship)
-            self._name = self.new_key(payload.model)
-            try:
-                self._ship(spark, server, payload, label, ship, watch_every)
-            except BaseException:  # nothing of it stays on the driver
-                payload.discard()
-                server.forget(self._name)
-                raise
-        self._share_weights = share_weights
-        self._released = False
-        # in a worker: (key, transport class) of the models the driver had released
-        self._stale: tuple[tuple[str, type[Transport]], ...] = ()
-        # dropped on the driver: its copies and registry entries go (see _collected)
-        self._finalizer: weakref.finalize | None = weakref.finalize(
-            self, _collected, server, self._name, self._driver_schedule(), type(self._transport))
-        self._finalizer.atexit = False  # at exit the server's folder goes whole
-        logger.info("shipped %s: %.1f MB payload (%s)", self._key, self._nbytes / 2**20,
-                    type(self._transport).__name__)
-
-    def _ship(self, spark: Any, server: version_server.Server,
-              payload: driver_payload.DriverPayload, label: str, ship: str,
-              watch_every: float | None) -> None:
-        """The constructor's shipment of ``payload`` (read) as version 1 under ``self._name``."""
-        model = payload.model
-        self._model: Any = model
-        self._epoch = 0
-        self._key = self._name
-        self._nbytes = payload.nbytes
-        self._signature: Signature | None = None
-        # the payload travels on its own (a broadcast, a file, a Connect artifact), so a
-        # worker that finds it already on disk never unpickles it; the rest is small
-        # and travels in the handle
-        self._recipe = Shipment.recipe_of(model, custom_objects=self._custom_objects,
-                                          safe_mode=self._safe_mode)
-        self._server = server
-        self._application = spark  # where update() adds new custom objects' files
-        # the handle's own token: its versions and payloads, nothing of another handle's
-        self._versions: version_server.Address | None = server.address_for(
-            version_server.model_scope(self._name))
-        self._version, self._index, self._first_label = label, 1, label
+        self._share_weights, self._released = share_weights, False
+        self._stale: tuple[tuple[str, type[Transport]], ...] = ()  # in a worker: see release_stale
         self._lock = threading.Lock()  # update(), unpersist(), destroy() one at a time
-
-        def keep() -> ServedTransport:  # the driver's copy, where transport_for needs one
-            payload.path = kept = server.keep_payload(self._name, 1, payload.kept)
-            return ServedTransport.of(self._versions, self._name, 1, kept)  # its digest fixed
-
-        self._transport = transport_for(spark, self._key, payload, keep, ship)
-        self._schedule: versions.Schedule | None = versions.Schedule(
-            versions.Version(1, label, self._name, payload.nbytes))
-        self._watch = None if watch_every is None else versions.Watch(self, payload.stored, watch_every)
-        server.register(self._name, self._schedule,
-                        None if self._watch is None else self._watch.check)
+        broadcast_shipping.ship(self, spark, model_or_path, label, ship, watch_every)
+        # dropped on the driver: its copies and registry entries go
+        self._finalizer = broadcast_lifecycle.on_collected(self)
 
     # --- the model (key, nbytes, value, predictor, signature: see ModelHandle) ---------
 
     def check_usable(self) -> None:
         """Raise if destroyed; drop what the driver had released (:meth:`release_stale`)."""
-        if self._released:
-            raise SparkKerasError(f"BroadcastModel {self._key} was destroyed: it can no longer "
-                                  f"be used")
-        self._transport.check_alive(self._key)
-        self.release_stale()
+        broadcast_lifecycle.check_usable(self)
 
     def release_stale(self) -> list[str]:
         """In a worker: drop the models, and the executor's payload files, of the
@@ -197,17 +129,7 @@ class BroadcastModel(ModelHandle):
         Returns:
             The keys dropped.
         """
-        by_transport: dict[type[Transport], list[str]] = {}
-        for key, transport in self._stale:
-            if key not in _dropped:
-                by_transport.setdefault(transport, []).append(key)
-        stale = [key for keys in by_transport.values() for key in keys]
-        for key in stale:
-            model_cache.drop(key)
-        for transport, keys in by_transport.items():  # the files of each, where it put them
-            transport.forget(keys)
-        _dropped.update(stale)
-        return stale
+        return task_version.drop_released(self._stale)
 
     # --- in a worker: the model on the task's device (see resources) --------------------
 
@@ -217,26 +139,14 @@ class BroadcastModel(ModelHandle):
         process and device (the GPU Spark assigned the task, if any) and cached."""
         if self._model is not None:
             return self._model
-        return self._placed()[0]
+        return task_model.placed(self)[0]
 
     @property
     def predictor(self) -> Any:
         """The model's compiled inference function, called on the task's device."""
         if self._model is not None:
             return super().predictor
-        model, placement = self._placed()
-        predictor = predictor_for(model)
-        return predictor if placement.device == resources.CPU else resources.OnDevice(predictor, placement)
-
-    def _placed(self) -> tuple[Any, resources.Placement]:
-        task = self.for_task()
-        if task is not self:
-            return task._placed()
-        self.check_usable()
-        placement = resources.task_placement()  # sizes TensorFlow's pools first, once
-        key = self._key + placement.key_suffix
-        entry = model_cache.get_or_build(key, lambda: self.build_model(placement))
-        return entry.value, placement
+        return task_model.predictor(self)
 
     def build_model(self, placement: resources.Placement | None = None) -> tuple:
         """The model built from the transport's payload, on ``placement``'s device.
@@ -247,13 +157,7 @@ class BroadcastModel(ModelHandle):
         Returns:
             ``(model, nbytes, memory, placement record)`` for the model cache.
         """
-        placement = placement or resources.Placement()
-        with placement.scope():
-            model, nbytes, memory = self._transport.build(self._recipe, self._key, self._nbytes,
-                                                          self._share_weights)
-        runtime = resources.prepare_runtime()
-        return model, nbytes, memory, {**placement.describe(), "task_cpus": runtime.get("task_cpus"),
-                                       "threads": runtime["threads"], **resources.thread_pools()}
+        return task_model.build(self, placement)
 
     # --- versions ---------------------------------------------------------------------
 
@@ -292,72 +196,15 @@ class BroadcastModel(ModelHandle):
             ArgumentError: the label is taken, or the model does not fit the current
                 version's inputs and outputs.
         """
-        self.check_usable()
-        schedule = self._driver_schedule()
-        if version is not None:  # refused before anything is read or written
-            versions.check_label(version, schedule.labels())
-        objects = custom_objects if custom_objects is not None else self._custom_objects
-        self._check_fits(model_or_path)
-        return self._adopt(self._read(model_or_path, objects), label=version, custom_objects=objects)
+        return broadcast_versions.update(self, model_or_path, version, custom_objects)
 
-    def _check_fits(self, model: Any) -> None:
-        """Refuse a model object that does not fit before its payload is written (a
-        file's model is checked once read, in :meth:`_adopt`)."""
-        if isinstance(model, (str, os.PathLike)):
-            return
-        try:
-            new = signature_of(model)
-        except Exception:  # not a model: reading it says what is wrong
-            return
-        versions.check_fits(self.signature, new)
-
+    # what the Watch of a URI given with refresh= calls (channel.versions.Watch)
     def _read(self, model_or_path: Any, custom_objects: Mapping[str, Any] | None
               ) -> driver_payload.DriverPayload:
-        return driver_payload.read(model_or_path, custom_objects, self._safe_mode,
-                                   new_file=self._server.new_file)
+        return broadcast_versions.read(self, model_or_path, custom_objects)
 
-    def _adopt(self, payload: driver_payload.DriverPayload, *, label: str | None = None,
-               custom_objects: Mapping[str, Any] | None = None) -> str:
-        """:meth:`update` to a model already read (``payload``: the model, its payload
-        and, for a URI, its StoredModel; a watched URI ships its new file this way;
-        ``label`` defaults to the version's number, or the next one not taken). The
-        version's number and label are chosen and it is added in one step, under the
-        handle's lock; a payload refused leaves no file."""
-        try:
-            objects = custom_objects if custom_objects is not None else self._custom_objects
-            model, stored = payload.model, payload.stored
-            versions.check_fits(self.signature, signature_of(model))
-            recipe = Shipment.recipe_of(model, custom_objects=objects, safe_mode=self._safe_mode)
-            payload.to_file(self._server.new_file)  # the slow part, before the lock
-            assert payload.path is not None, "to_file() puts the payload in the driver's file"
-            # what the driver's answer tells workers (safe_mode is the handle's, in the
-            # plan): the payload's digest, and that of custom objects other than the
-            # handle's own, which Spark ships (no pickle in an answer)
-            source = {"sha256": file_digest(payload.path),
-                      "objects": shipped_objects.ship(self._application, recipe.objects,
-                                                      self._recipe.objects),
-                      "stored": None if stored is None else dataclasses.asdict(stored)}
-            with self._lock:
-                self.check_usable()
-                schedule = self._driver_schedule()
-                index = schedule.next_index()
-                label = versions.check_label(label, schedule.labels(), index)
-                payload.path = self._server.keep_payload(self._name, index, payload.kept)
-                schedule.add(versions.Version(index, label, f"{self._name}.v{index}",
-                                              payload.nbytes, source))
-                self._model, self._version, self._index = model, label, index
-        except BaseException:
-            payload.discard()
-            raise
-        logger.info("model %s: version %s shipped (%.1f MB payload)", self._name, label,
-                    payload.nbytes / 2**20)
-        return label
-
-    def _driver_schedule(self) -> versions.Schedule:
-        if self._schedule is None:
-            raise SparkKerasError("update() is for the driver: this BroadcastModel was unpickled "
-                                  "in a worker")
-        return self._schedule
+    def _adopt(self, payload: driver_payload.DriverPayload) -> str:
+        return broadcast_versions.adopt(self, payload)
 
     def for_task(self) -> "BroadcastModel":
         """This handle as the version the running Spark task scores with.
@@ -367,10 +214,7 @@ class BroadcastModel(ModelHandle):
             or action to (asked once per process and micro-batch or action); elsewhere,
             this handle.
         """
-        if self._model is not None or self._versions is None:
-            return self
-        in_task, scope = task_version.task_scope()
-        return task_version.version_for(self, scope) if in_task else self
+        return task_version.for_task(self)
 
     # --- inference helpers -----------------------------------------------------------
 
@@ -410,12 +254,12 @@ class BroadcastModel(ModelHandle):
             The UDF. Its column is a scalar for a single-unit output, (nested) arrays for
             vector outputs, a struct with one field per output for multi-output models.
         """
-        from spark_keras.spark import scoring  # pyarrow loads with it, on first use: this module does not load it
+        from spark_keras.spark.udf import PredictUDF  # pyarrow loads with it, on first use, not with this module
 
         self.check_usable()
-        return scoring.PredictUDF(self, return_type=return_type, batch_size=batch_size,
-                                  on_invalid=on_invalid, max_invalid=max_invalid, buckets=buckets,
-                                  max_invalid_scope=max_invalid_scope)
+        return PredictUDF(self, return_type=return_type, batch_size=batch_size,
+                          on_invalid=on_invalid, max_invalid=max_invalid, buckets=buckets,
+                          max_invalid_scope=max_invalid_scope)
 
     def transform(self, df: Any, input_cols: str | Sequence[str], output_col: str = "prediction",
                   *, batch_size: int = DEFAULT_BATCH_SIZE, on_invalid: str = "error",
@@ -465,14 +309,14 @@ class BroadcastModel(ModelHandle):
                 cannot take (a count of columns its input cannot take, a string column for a
                 numeric input...); rows are checked in the workers.
         """
-        from spark_keras.spark import scoring
+        from spark_keras.spark.transform import transform
 
         self.check_usable()
-        return scoring.transform(self, df, input_cols, output_col, batch_size=batch_size,
-                                 on_invalid=on_invalid, profile=profile, error_col=error_col,
-                                 observe=observe, max_invalid=max_invalid, id_col=id_col,
-                                 version_col=version_col, buckets=buckets,
-                                 max_invalid_scope=max_invalid_scope)
+        return transform(self, df, input_cols, output_col, batch_size=batch_size,
+                         on_invalid=on_invalid, profile=profile, error_col=error_col,
+                         observe=observe, max_invalid=max_invalid, id_col=id_col,
+                         version_col=version_col, buckets=buckets,
+                         max_invalid_scope=max_invalid_scope)
 
     def predict_partition(self, rows: Iterable[Any], *, batch_size: int = DEFAULT_BATCH_SIZE,
                           on_invalid: str = "error", max_invalid: float | None = None,
@@ -503,11 +347,11 @@ class BroadcastModel(ModelHandle):
             raise SparkKerasError("predict_partition is for rdd.mapPartitions, and Spark Connect has "
                                   "no RDDs: use bm.transform(df, ...) or bm.predict_udf(), or your "
                                   "own df.mapInArrow function calling bm.predictor")
-        from spark_keras.spark import scoring
+        from spark_keras.spark.map_partitions import predict_rows
 
-        return scoring.predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
-                                    max_invalid=max_invalid, id_col=id_col, buckets=buckets,
-                                    max_invalid_scope=max_invalid_scope)
+        return predict_rows(self, rows, batch_size=batch_size, on_invalid=on_invalid,
+                            max_invalid=max_invalid, id_col=id_col, buckets=buckets,
+                            max_invalid_scope=max_invalid_scope)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -522,15 +366,7 @@ class BroadcastModel(ModelHandle):
         Args:
             blocking: wait until the broadcast blocks are removed.
         """
-        with self._lock:
-            self.check_usable()
-            self._release_key()
-            self._transport.renew(blocking)
-            self._epoch += 1
-            self._key = f"{self._name}.{self._epoch}"
-            if self._schedule is not None:  # every version is built afresh under a new key
-                self._schedule.rename(lambda v: self._key if v.index == 1
-                                      else f"{self._name}.v{v.index}.{self._epoch}")
+        broadcast_lifecycle.unpersist(self, blocking)
 
     def destroy(self, blocking: bool = False) -> None:
         """Release the broadcast everywhere; this handle can no longer be used.
@@ -544,42 +380,12 @@ class BroadcastModel(ModelHandle):
         Args:
             blocking: wait until the broadcast blocks are removed.
         """
-        with self._lock:
-            if self._released:
-                return  # destroyed already: nothing more to release
-            self._release_key()
-            self._released = True
-            self._model = None
-            self._transport.destroy(blocking)
-            schedule, self._schedule = self._schedule, None
-        if schedule is not None:  # on the driver: its copies, and the server if idle
-            if self._finalizer is not None:
-                self._finalizer.detach()
-            self._server.forget(self._name)
-            version_server.close_if_idle(self._server)
-
-    def _release_key(self) -> None:
-        """Workers drop the models and the executor's files of the current keys (every
-        version's) when they next use a handle (any BroadcastModel's); the files go with
-        the executor at the latest."""
-        if self._schedule is None:
-            _released.append((self._key, type(self._transport)))
-        else:
-            _released.extend(_keys_of(self._schedule, type(self._transport)))
+        broadcast_lifecycle.destroy(self, blocking)
 
     # --- pickling (what a closure or a broadcast structure carries) ----------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        if self._released:
-            raise SparkKerasError(f"BroadcastModel {self._key} was destroyed")
-        state = dict(self.__dict__, _model=None, _stale=tuple(_released), _schedule=None,
-                     _watch=None, _custom_objects=None, _server=None, _lock=None,
-                     _finalizer=None, _application=None,
-                     # a worker's handle is the first version (its own transport and
-                     # recipe); the one current when it was pickled is asked for
-                     _version=self._first_label, _index=1, _planned=self._index)
-        state["_signature"] = self.signature
-        return state
+        return broadcast_shipping.carried(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
@@ -588,19 +394,3 @@ class BroadcastModel(ModelHandle):
         where = "driver" if self._model is not None else f"worker pid {os.getpid()}"
         return f"BroadcastModel({self._key}, {self._nbytes / 2**20:.1f} MB, {where})"
 
-
-def _keys_of(schedule: versions.Schedule, transport: type[Transport]) -> list[tuple[str, type[Transport]]]:
-    """``(key, transport class)`` of every version of ``schedule`` (version 1 travels by
-    the handle's own ``transport``, later ones from the driver)."""
-    return [(v.key, ServedTransport if v.index > 1 else transport)
-            for v in list(schedule.versions.values())]
-
-
-def _collected(server: version_server.Server, name: str, schedule: versions.Schedule,
-               transport: type[Transport]) -> None:
-    """A BroadcastModel garbage-collected on the driver (its finalizer): workers drop its
-    models when they next use a handle, and the driver its payload copies and registry
-    entries (plans made with it still find its current version while Spark runs; see
-    :meth:`.version_server.Server.retire`)."""
-    _released.extend(_keys_of(schedule, transport))
-    version_server.retire_soon(server, name)
