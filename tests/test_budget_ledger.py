@@ -15,7 +15,7 @@ import pytest
 
 from spark_keras.channel import budget_ledger
 from spark_keras.channel.budget_ledger import Ledger, Report
-from spark_keras.channel.server import Refused
+from spark_keras.channel.protocol import Refused
 
 
 @contextlib.contextmanager

@@ -22,10 +22,12 @@ import types
 
 import pytest
 
+from spark_keras.channel import answers as channel_answers
 from spark_keras.channel import client as channel_client
 from spark_keras.channel import server as channel_server
-from spark_keras.channel import version_server, versions
-from spark_keras.channel.version_server import Server, ask, download
+from spark_keras.channel import versions
+from spark_keras.channel.client import ask, download
+from spark_keras.channel.version_server import Server
 from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import SparkKerasError
 from spark_keras.executor import task_version
@@ -102,7 +104,7 @@ def test_a_slow_check_of_a_watched_file_holds_no_other_answer(server, monkeypatc
     scopes get the current version after CHECK_WAIT (lowered to 1 s), the check running
     once; the version it ships is what the next scope gets."""
     monkeypatch.setattr(channel_client, "TIMEOUT", 3.0)
-    monkeypatch.setattr(version_server, "CHECK_WAIT", 1.0)
+    monkeypatch.setattr(channel_answers, "CHECK_WAIT", 1.0)
     changed, storage_answers, runs = threading.Event(), threading.Event(), []
     a = Schedule(Version(1, "1", "A", 3))
 
@@ -244,9 +246,9 @@ def test_a_micro_batch_run_again_below_its_querys_latest_keeps_one_version():
     schedule.add(Version(2, "2", "m.v2", 4, {"x": 2}))
     assert (first, schedule.pin("stream:q:7").index) == (1, 1)
     assert schedule.pin("stream:q:11").index == 2  # the query going on supersedes batch 10
-    assert version_server._SCOPE.fullmatch("stream:q:7") and version_server._SCOPE.fullmatch("sql:0")
-    assert not version_server._SCOPE.fullmatch("stream:q:07")
-    assert not version_server._SCOPE.fullmatch("sql:007")
+    assert channel_answers._SCOPE.fullmatch("stream:q:7") and channel_answers._SCOPE.fullmatch("sql:0")
+    assert not channel_answers._SCOPE.fullmatch("stream:q:07")
+    assert not channel_answers._SCOPE.fullmatch("sql:007")
 
 
 def test_at_the_cap_a_new_scope_is_answered_without_waiting_for_a_slow_check(monkeypatch):

@@ -22,7 +22,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.channel import versions
-from spark_keras.channel.version_server import ask, download
+from spark_keras.channel.client import ask, download
 from tests import models
 
 

@@ -35,10 +35,13 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.channel import client as channel_client
+from spark_keras.channel import driver_address, payload_folder, version_server
 from spark_keras.channel import server as channel_server
-from spark_keras.channel import version_server
-from spark_keras.channel.version_server import Address, Server, ask, download, model_scope
-from spark_keras.channel.versions import Schedule, Version, active_context, in_context
+from spark_keras.channel.client import Address, ask, download
+from spark_keras.channel.credentials import model_scope, tls_context
+from spark_keras.channel.scopes import active_context, in_context
+from spark_keras.channel.version_server import Server
+from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import ChannelError, ChannelTrustError, SparkKerasError
 from spark_keras.executor import transport
 from tests import models
@@ -175,7 +178,7 @@ def _forging_server(context: ssl.SSLContext | None, received: list[bytes]) -> so
 
 
 def test_a_server_with_another_certificate_gets_nothing_and_its_answer_is_refused(server):
-    impostor_context, impostor_fingerprint = channel_server.tls_context()  # its own key
+    impostor_context, impostor_fingerprint = tls_context()  # its own key
     assert impostor_fingerprint != _model(server).fingerprint
     received: list[bytes] = []
     impostor = _forging_server(impostor_context, received)
@@ -529,10 +532,10 @@ def test_a_host_not_of_this_machine_listens_everywhere_with_a_warning_unless_bou
 
 
 def test_the_bind_address_comes_from_the_environment_first(monkeypatch):
-    monkeypatch.delenv(version_server.BIND_ENV, raising=False)
-    assert version_server.bind_address(None, connect=True) is None  # Connect: not the server's
-    monkeypatch.setenv(version_server.BIND_ENV, "127.0.0.1")
-    assert version_server.bind_address(None, connect=True) == "127.0.0.1"
+    monkeypatch.delenv(driver_address.BIND_ENV, raising=False)
+    assert driver_address.bind_address(None, connect=True) is None  # Connect: not the server's
+    monkeypatch.setenv(driver_address.BIND_ENV, "127.0.0.1")
+    assert driver_address.bind_address(None, connect=True) == "127.0.0.1"
 
 
 _KILLED_DRIVER = textwrap.dedent("""
@@ -603,12 +606,12 @@ def test_a_live_drivers_folder_stays_whatever_its_pid_means_here():
         with pytest.raises(ProcessLookupError):
             os.kill(999999999, 0)
         os.rename(folder, elsewhere)  # the flock goes with the folder's lock file
-        assert elsewhere not in version_server.remove_stale_folders()
+        assert elsewhere not in payload_folder.remove_stale_folders()
         assert [n for n in os.listdir(elsewhere) if n.endswith(".part")]  # its copy stays
         assert driver.poll() is None
         driver.kill()
         driver.wait()
-        assert elsewhere in version_server.remove_stale_folders()  # dead: its lock is free
+        assert elsewhere in payload_folder.remove_stale_folders()  # dead: its lock is free
         assert not os.path.exists(elsewhere)
     finally:
         driver.kill()
@@ -624,7 +627,7 @@ _SECURED_SPARK = textwrap.dedent("""
     from pyspark.sql import SparkSession
     import spark_keras as sk
     from spark_keras.inference import predictor_for
-    from spark_keras.spark import version_server
+    from spark_keras.channel import version_server
     from tests import models
 
     spark = (SparkSession.builder.master("local-cluster[1,1,1024]")

@@ -34,8 +34,9 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.channel import client as channel_client
-from spark_keras.channel import server as channel_server
-from spark_keras.channel.version_server import Address, Server
+from spark_keras.channel import socket_io
+from spark_keras.channel.client import Address
+from spark_keras.channel.version_server import Server
 from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import ChannelError, LocalWriteError, PayloadError, SparkKerasError
 from spark_keras.executor import shipped_objects, task_version
@@ -319,7 +320,7 @@ def test_a_slow_reader_is_kept_while_it_makes_progress(monkeypatch):
     timeout, the driver's 30 s scaled down) takes much longer than the timeout in all:
     it gets the whole payload. The timeout used to bound each 256 KiB chunk, so such a
     reader was dropped once the kernel's buffers were full (about 3 MB in)."""
-    monkeypatch.setattr(channel_server, "WRITE_TIMEOUT", 0.2)
+    monkeypatch.setattr(socket_io, "WRITE_TIMEOUT", 0.2)
     payload = os.urandom(6 << 20)  # more than the kernel's socket buffers hold
     server = Server("127.0.0.1")
     try:
@@ -339,7 +340,7 @@ def test_a_slow_reader_is_kept_while_it_makes_progress(monkeypatch):
                 answer += data
                 time.sleep(len(data) / 1e6)
         assert answer.endswith(payload), (len(answer), len(payload))
-        assert time.monotonic() - started > 10 * channel_server.WRITE_TIMEOUT
+        assert time.monotonic() - started > 10 * socket_io.WRITE_TIMEOUT
         raw = socket.socket()
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
         raw.connect(("127.0.0.1", _model(server).port))

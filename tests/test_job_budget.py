@@ -13,6 +13,7 @@ import pytest
 import spark_keras as sk
 from spark_keras.channel import budget_ledger, version_server
 from spark_keras.channel import client as channel_client
+from spark_keras.channel.credentials import budget_scope
 from spark_keras.errors import InvalidRowsError
 from spark_keras.spark import job_budget
 from tests.models import mlp
@@ -109,7 +110,7 @@ def new_budget(make):
     before = set(budget_ledger.ledger._budgets)
     made = make()
     (key,) = set(budget_ledger.ledger._budgets) - before
-    return made, key, version_server._server.address_for(version_server.budget_scope(key))
+    return made, key, version_server._server.address_for(budget_scope(key))
 
 
 def reporting_first(address, key: str, counts: str):
@@ -151,7 +152,7 @@ def test_a_report_names_its_budget_and_a_running_stage_never_its_limit(spark, bm
             channel_client.report(address, {**fields, "task": f"{stage}.0.0"})
     clean = frame(spark, [0] * PARTITIONS)  # passes: no forged count was kept
     assert clean.select("id", column).where("prediction is null").count() == 0
-    unknown = version_server._server.address_for(version_server.budget_scope("never-made"))
+    unknown = version_server._server.address_for(budget_scope("never-made"))
     with pytest.raises(sk.SparkKerasError, match="404"):
         channel_client.report(unknown, {**fields, "name": "never-made", "task": "1.0.0"})
     wrong = channel_client.Address((*address[:2], "not-the-token", *address[3:]))

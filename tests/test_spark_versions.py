@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 import spark_keras as sk
-from spark_keras.channel.versions import Schedule, Version, scope_of
+from spark_keras.channel.scopes import scope_of
+from spark_keras.channel.versions import Schedule, Version
 from spark_keras.inference import predictor_for
 from tests import models
 from tests.conftest import builds_by_worker
@@ -47,7 +48,8 @@ def test_a_scope_keeps_the_version_it_was_first_given_and_old_versions_are_relea
 def test_the_version_server_answers_only_those_with_its_token():
     import io
 
-    from spark_keras.channel.version_server import Address, Server, ask, download
+    from spark_keras.channel.client import Address, ask, download
+    from spark_keras.channel.version_server import Server
 
     server = Server("127.0.0.1")
     try:
@@ -70,7 +72,7 @@ def test_a_worker_that_cannot_reach_the_driver_fails_unless_the_driver_opted_in(
     import socket
     import types
 
-    from spark_keras.channel.version_server import Address
+    from spark_keras.channel.client import Address
     from spark_keras.executor import task_version
 
     with socket.socket() as s:  # a port nobody listens on

@@ -215,7 +215,7 @@ import numpy as np
 from pyspark.sql import SparkSession
 import spark_keras as sk
 from spark_keras.inference import predictor_for
-from spark_keras.spark import version_server
+from spark_keras.channel import version_server
 from tests import models
 
 def session():

@@ -11,7 +11,7 @@ import math
 import re
 import time
 
-from spark_keras.channel.server import Refused
+from spark_keras.channel.protocol import Refused
 from spark_keras.inference.limits import QUOTED_REASONS, passed_message
 
 PARTITION_BYTES = 256  # a partition's count (measured: ~230 bytes)

@@ -1,12 +1,12 @@
 """On the driver: the invalid rows the tasks of each action report against a
 ``max_invalid`` limit counted over the whole action (``max_invalid_scope="action"``, see
 :mod:`spark_keras.inference.limits`), answered over the driver's channel
-(``GET /invalid``, :mod:`.version_server`; the worker's side is :mod:`.job_budget`).
+(``GET /invalid``, :mod:`.answers`; the worker's side is :mod:`.job_budget`).
 
 The driver registers each budget with its limit as it makes it (:meth:`Ledger.register`;
 its tasks report with its own token); ``predict_partition``'s, made in tasks, is
 ``p.<handle>.<limit>``, reported with the handle's token. A report names the budget, never
-its limit (an unknown budget: 404), and carries the task's scope (:func:`.versions.scope_of`),
+its limit (an unknown budget: 404), and carries the task's scope (:func:`.scopes.scope_of`),
 stage, partition and attempt, its rows and invalid rows so far, whether its last batch
 was scored, and its first reasons: numbers and at most three short strings, in the query
 string (never a pickle). Its stage must run now (:mod:`.budget_stages`), or it is refused
@@ -51,8 +51,8 @@ from spark_keras.channel.budget_count import (
     parse_limit,
 )
 from spark_keras.channel.budget_stages import PENDING_RETRY
-from spark_keras.channel.server import Refused
-from spark_keras.channel.versions import active_context, in_context
+from spark_keras.channel.protocol import Refused
+from spark_keras.channel.scopes import active_context, in_context
 from spark_keras.inference.limits import QUOTED_REASONS
 
 logger = logging.getLogger("spark_keras")

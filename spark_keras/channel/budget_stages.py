@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-from spark_keras.channel.versions import active_context
+from spark_keras.channel.scopes import active_context
 
 logger = logging.getLogger("spark_keras")
 

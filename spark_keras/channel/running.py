@@ -25,13 +25,13 @@ from typing import Any
 
 from spark_keras.channel.budget_stages import _runs as stage_runs
 from spark_keras.channel.budget_stages import classic
-from spark_keras.channel.versions import active_context
+from spark_keras.channel.scopes import active_context
 
 logger = logging.getLogger("spark_keras")
 
 
 def running(scope: str) -> bool | None:
-    """Whether Spark runs ``scope`` (as the driver pins it, :func:`.versions.in_context`)
+    """Whether Spark runs ``scope`` (as the driver pins it, :func:`.scopes.in_context`)
     now; None when this driver cannot tell."""
     sc = classic()
     if sc is None:

@@ -1,50 +1,22 @@
-"""The driver's answers to workers about model versions, over its channel (:mod:`.versions`).
+"""The driver's answers to workers about model versions, over its channel: its :class:`Server`.
 
 One small HTTPS server per driver process (the Spark Connect client's process on
-Connect), started by the first BroadcastModel, answers three requests, each carrying a
-token made for one scope from the server's secret (:func:`.channel_server.scoped_token`;
-the secret never leaves the driver): a handle carries its own, ``model:<handle>``
-(:func:`model_scope`), so a token for one model neither reads another's payloads nor
-pins its versions (403):
-
-* ``GET /resolve?name=<handle>&scope=<scope>``: the version that scope scores with,
-  and the versions released (JSON: a version's payload SHA-256, and that of its custom
-  objects when Spark ships them, :mod:`.shipped_objects`; never a pickle); a scope not
-  of the forms :func:`.versions.scope_of` makes is refused (400) before it reaches the
-  schedule;
-* ``GET /payload?name=<handle>&index=<n>``: a version's payload bytes (the driver keeps
-  a copy of each version it shipped itself or read from storage while that version is
-  current or pinned by a scope, and until ``destroy`` or until the handle is
-  garbage-collected; 410 once that copy was deleted);
-* ``GET /invalid?name=<budget>&scope=<scope>&...``: a task's count of invalid rows against
-  a ``max_invalid`` counted over its action (:mod:`.budget_ledger`).
+Connect), started by the first BroadcastModel, keeps the handles' schedules
+(:mod:`.versions`) and payload copies (:mod:`.payload_folder`) and answers three
+requests about them (:mod:`.answers`: ``/resolve``, ``/payload``, ``/invalid``), each
+carrying a token made for one scope from the server's secret, which never leaves the
+driver (:mod:`.credentials`).
 
 The server lives while a handle does, or a Spark context of this process (its stop is
 hooked): once neither does, it closes (its threads end, its port and its folder go), and
 the next handle starts another (:func:`serving`, :func:`close_if_idle`).
 
-The handle carries the server's address, its token and the fingerprint of its TLS
-certificate through Spark's own channel (the task's closure or plan): a worker refuses
-a server that shows another certificate before it sends anything
-(:mod:`.channel_client`). :mod:`.channel_server` serves, within fixed bounds of threads,
-connections, time and memory.
-
-Executors reach it at the driver's address: ``spark.driver.host`` on classic Spark, the
-Connect server's host's view of this machine on Connect (``127.0.0.1`` for a local
-server); set ``SPARK_KERAS_DRIVER_HOST`` (and ``SPARK_KERAS_DRIVER_PORT``, default any
-free port) where that is not the address executors can reach. It listens at that
-address, or at ``SPARK_KERAS_DRIVER_BIND_ADDRESS`` or ``spark.driver.bindAddress`` if
-set; when the address is not one of this machine's and neither is set, on every
-interface, with a warning. A task that cannot reach it fails, unless
-``SPARK_KERAS_UNREACHABLE_DRIVER=plan`` (read at start, carried in the address) lets it
-score with its plan's version (:mod:`.task_version`).
-
-The payload copies live in a folder ``spark_keras_versions_<pid>_<random>`` (mode 0700)
-of the temporary folder, removed at exit. Its driver holds an exclusive ``flock`` on the
-folder's ``.lock`` file for its whole life, which the kernel releases when the driver
-dies however it dies: each start removes the folders of this user whose lock it can
-take (a driver killed with SIGKILL cannot remove its own), and never one whose driver
-lives, whatever its pid means here (drivers in other PID namespaces sharing the folder).
+The handle carries the server's address (:meth:`Server.address_for`), its token and the
+fingerprint of its TLS certificate through Spark's own channel (the task's closure or
+plan): a worker refuses a server that shows another certificate before it sends
+anything (:mod:`.client`). :mod:`.server` serves, within fixed bounds of threads,
+connections, time and memory; where it listens and what executors are told is
+:mod:`.driver_address`'s.
 """
 
 from __future__ import annotations
@@ -53,110 +25,33 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
-import errno
-import fcntl
 import functools
-import json
 import logging
 import os
-import re
 import secrets
 import shutil
-import socket
-import stat
 import sys
 import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
-from spark_keras.channel import budget_ledger
-from spark_keras.channel.client import TIMEOUT, Address, ask, download
+from spark_keras.channel.answers import answer
+from spark_keras.channel.client import Address
+from spark_keras.channel.credentials import scoped_token
+from spark_keras.channel.driver_address import BIND_ENV, listening_socket, plan_if_unreachable
+from spark_keras.channel.payload_folder import locked_folder, remove, remove_stale_folders
+from spark_keras.channel.protocol import Refused
 from spark_keras.channel.running import running
-from spark_keras.channel.server import Answer, Channel, Later, Refused, scoped_token
-from spark_keras.channel.versions import CHECK_WAIT, Check, Schedule, Version, active_context, in_context
-from spark_keras.errors import ArgumentError, SparkKerasError
+from spark_keras.channel.scopes import active_context, in_context
+from spark_keras.channel.server import Channel
+from spark_keras.channel.versions import Check, Schedule, Version
 
-__all__ = ["Server", "Address", "TIMEOUT", "ask", "download", "serving", "close_if_idle", "driver_host",
-           "bind_address", "model_scope", "budget_scope"]
+__all__ = ["Server", "serving", "close_if_idle", "retire_soon"]
 
 logger = logging.getLogger("spark_keras")
 
-BIND_ENV = "SPARK_KERAS_DRIVER_BIND_ADDRESS"
-# what a worker that cannot reach the driver at all does: "fail" its task (the default),
-# or score with the version its "plan" was made with (update() does not reach it)
-UNREACHABLE_ENV = "SPARK_KERAS_UNREACHABLE_DRIVER"
-# the scopes versions.scope_of makes: stream:<query id>:<batch id>, sql:<execution id>,
-# stage:<stage id> or stage:<context>:<stage id>
-_NUMBER = r"(?:0|[1-9][0-9]{0,17})"  # as Spark writes ids: no leading zero (07 is not 7)
-_SCOPE = re.compile(rf"stream:[A-Za-z0-9._-]{{1,128}}:{_NUMBER}|sql:{_NUMBER}"
-                    rf"|stage:(?:[A-Za-z0-9._-]{{1,128}}:)?{_NUMBER}")
-_INDEX = re.compile(r"[0-9]{1,9}")
-# spark_keras_versions_<pid>_<mkdtemp's 8 characters> (older names had no pid: kept)
-_FOLDER_PREFIX = "spark_keras_versions_"
-_FOLDER = re.compile(_FOLDER_PREFIX + r"([0-9]{1,10})_[a-z0-9_]{8}")
-_FOLDER_LOCK = ".lock"  # in a driver's folder: flock'd by its driver while it lives
 # garbage-collected handles whose current version is still answered (see Server.retire)
 MAX_RETIRED = 1024
-
-
-def model_scope(name: str) -> str:
-    """The scope of handle ``name``'s token: its ``/resolve`` and ``/payload``."""
-    return f"model:{name}"
-
-
-def budget_scope(key: str) -> str:
-    """The scope of budget ``key``'s token: its ``/invalid`` reports."""
-    return f"budget:{key}"
-
-
-def _allowed(path: str, name: str, scope: str) -> bool:
-    """Whether a token made for ``scope`` may ask ``path`` about ``name``: a handle's
-    token its own versions and payloads, and its ``predict_partition`` budgets' reports
-    (``p.<handle>.<limit>``); a budget's its reports."""
-    if path == "/invalid":
-        handle = _handle_of(scope)
-        return scope == budget_scope(name) or (handle is not None and name.startswith(f"p.{handle}."))
-    return scope == model_scope(name)
-
-
-def _handle_of(scope: str) -> str | None:
-    """The handle whose token was made for ``scope`` (None: not a handle's)."""
-    return scope[len("model:"):] if scope.startswith("model:") else None
-
-
-def _answer(owner: "Server", path: str, query: dict[str, str], token_scope: str) -> Answer | Later:
-    """The answer to a request that showed a token made for ``token_scope`` (run in
-    the channel's pool)."""
-    name = query.get("name", "")
-    if not name or len(name) > 256:
-        raise Refused(400, "a request names a model (name=)")
-    if not _allowed(path, name, token_scope):
-        raise Refused(403, f"this token is not {name[:100]!r}'s (it is {token_scope[:100]!r}'s)")
-    scope = query.get("scope") or None
-    if scope is not None and not _SCOPE.fullmatch(scope):
-        raise Refused(400, f"malformed scope {scope[:100]!r} (stream:<query id>:<batch>, "
-                           f"sql:<execution id> or stage:<stage id>)")
-    if path == "/invalid":  # a task's invalid rows (name: the budget's key)
-        return Answer(json.dumps(budget_ledger.answer(query, scope, _handle_of(token_scope))).encode())
-    if path == "/resolve":
-        checking = owner.checking(name, scope)  # a watched file's check, off the pool
-        if checking is not None:
-            return Later(checking, CHECK_WAIT, lambda: _resolved(owner, name, scope))
-        return _resolved(owner, name, scope)
-    if path == "/payload":
-        index = query.get("index", "")
-        if not _INDEX.fullmatch(index):
-            raise Refused(400, f"index must be a version number, not {index[:20]!r}")
-        try:
-            copy = owner.payload_path(name, int(index))
-        except KeyError:
-            raise Refused(404, f"no version {index} of model {name!r} here") from None
-        try:
-            f = open(copy, "rb")
-        except FileNotFoundError:
-            raise Refused(410, f"{copy} was deleted") from None
-        return Answer(kind="application/octet-stream", file=f, size=os.fstat(f.fileno()).st_size)
-    raise Refused(404, f"no such path {path[:100]!r}")
 
 
 class Server:
@@ -164,7 +59,7 @@ class Server:
     (listening at ``bind`` if given, else at ``host``, the address workers are told)."""
 
     def __init__(self, host: str, port: int = 0, bind: str | None = None) -> None:
-        plan_if_unreachable = _plan_if_unreachable()
+        unreachable_plan = plan_if_unreachable()
         self._secret = secrets.token_bytes(32)  # never leaves this process: tokens are made of it
         self._lock = threading.Lock()
         self._schedules: dict[str, Schedule] = {}
@@ -178,17 +73,17 @@ class Server:
         self._holds = 0  # handles being made (serving): the server stays open for them
         self.closed = False
         remove_stale_folders()
-        self._channel = Channel(_bound(host, port, bind), self._secret,
-                                functools.partial(_answer, self))
+        self._channel = Channel(listening_socket(host, port, bind), self._secret,
+                                functools.partial(answer, self))
         self.where = (host, self._channel.port)  # what workers connect to
-        self._plan_if_unreachable = plan_if_unreachable
+        self._plan_if_unreachable = unreachable_plan
         self.url = self.address_for("").url
         logger.info("model versions served at %s (TLS certificate sha256 %s)",
                     self.url, self._channel.fingerprint)
 
     def address_for(self, scope: str) -> Address:
-        """Where workers ask, with a token for ``scope`` alone (:func:`model_scope`,
-        :func:`budget_scope`)."""
+        """Where workers ask, with a token for ``scope`` alone
+        (:func:`.credentials.model_scope`, :func:`.credentials.budget_scope`)."""
         return Address((*self.where, scoped_token(self._secret, scope), self._channel.fingerprint,
                         self._plan_if_unreachable))
 
@@ -229,7 +124,7 @@ class Server:
             if name in self._schedules:  # (a forgotten handle's are all gone)
                 self._deleted.update((name, i) for i in indices)
         for path in paths:
-            _remove(path)
+            remove(path)
         if paths:
             logger.debug("model %s: deleted the driver's copies of versions %s (neither "
                          "current nor pinned)", name, indices)
@@ -238,7 +133,7 @@ class Server:
         """A fresh path in the folder of payload copies, for :meth:`keep_payload`."""
         with self._lock:
             if self._folder is None:
-                self._folder, self._folder_lock = _locked_folder()
+                self._folder, self._folder_lock = locked_folder()
                 atexit.register(self._remove_folder)  # nothing left in TMPDIR
             fd, path = tempfile.mkstemp(suffix=".part", dir=self._folder)
         os.close(fd)
@@ -258,7 +153,7 @@ class Server:
             os.replace(source, path)
         except BaseException:
             if source is not payload:  # the file written here: the caller's stays its own
-                _remove(source)
+                remove(source)
             raise
         with self._lock:
             self._payloads[(name, index)] = path
@@ -288,7 +183,7 @@ class Server:
             self._payloads = {k: p for k, p in self._payloads.items() if k[0] != name}
             self._deleted = {k for k in self._deleted if k[0] != name}
         for path in paths:
-            _remove(path)
+            remove(path)
 
     def idle(self) -> bool:
         """True when no handle is registered or being made."""
@@ -334,137 +229,6 @@ class Server:
         return {"version": _as_dict(version), "released": released}
 
 
-def _resolved(owner: Server, name: str, scope: str | None) -> Answer:
-    try:
-        answer = owner.resolve(name, scope)
-    except KeyError:
-        raise Refused(404, f"no model {name!r} here") from None
-    return Answer(json.dumps(answer).encode())
-
-
-def _plan_if_unreachable() -> bool:
-    """``SPARK_KERAS_UNREACHABLE_DRIVER``: ``plan`` (True) lets a worker that cannot reach
-    the driver score with its plan's version; ``fail`` (False, the default) fails the task."""
-    value = os.environ.get(UNREACHABLE_ENV, "fail").strip().lower()
-    if value not in ("fail", "plan"):
-        raise ArgumentError(f"{UNREACHABLE_ENV}={value!r}: use 'fail' (the default: a task "
-                            f"that cannot reach the driver fails) or 'plan' (it scores with "
-                            f"the version its plan was made with)")
-    return value == "plan"
-
-
-def _bound(host: str, port: int, bind: str | None) -> socket.socket:
-    """The channel's listening socket: at ``bind`` if set, else at ``host`` (what
-    executors are told); on every interface, with a warning, if ``host`` is not an
-    address of this machine (a container behind a NAT, say)."""
-    if bind:
-        try:
-            return _listen(bind, port)
-        except OSError as exc:
-            raise SparkKerasError(f"the driver's channel cannot listen at {bind} port {port} "
-                                  f"(spark.driver.bindAddress or {BIND_ENV}): {exc}") from exc
-    try:
-        return _listen(host, port)
-    except OSError as exc:
-        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise SparkKerasError(f"the driver's channel cannot listen at {host} port {port}: "
-                                  f"{exc}; set SPARK_KERAS_DRIVER_PORT to a free port (0: any)") from exc
-        everywhere = "::" if ":" in host else "0.0.0.0"
-        logger.warning("the driver's channel cannot listen at %s, the address executors are told "
-                       "(%s): it listens on every interface of this machine (%s) instead; set "
-                       "spark.driver.bindAddress (or %s) to the address executors reach it at",
-                       host, exc, everywhere, BIND_ENV)
-        return _listen(everywhere, port)
-
-
-def _listen(address: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, port))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _locked_folder() -> tuple[str, int]:
-    """A new payload folder (mode 0700) and the descriptor of its lock file, locked
-    (exclusive ``flock``) until it is closed or this process dies."""
-    while True:
-        folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_")
-        lock = os.path.join(folder, _FOLDER_LOCK)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            st = os.fstat(fd)
-            if _identity(lock) == (st.st_dev, st.st_ino):
-                return folder, fd
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)  # a sweep took it between its making and its locking: another
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def remove_stale_folders(folder: str | None = None) -> list[str]:
-    """Remove the payload folders that this user's dead drivers left in ``folder`` (the
-    temporary folder): a driver killed with SIGKILL skips its exit's clean-up. A folder
-    goes only if the lock its driver holds for its life can be taken (the kernel
-    released it: the driver died); folders of live drivers (in whatever PID namespace
-    or on whatever host shares the folder, as far as ``flock`` reaches), of other users,
-    or without a lock file (being made, or left by an earlier version) stay.
-
-    Returns:
-        The folders removed.
-    """
-    folder = folder or tempfile.gettempdir()
-    if not hasattr(os, "getuid"):
-        return []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    removed = []
-    for name in names:
-        if not _FOLDER.fullmatch(name):
-            continue
-        path = os.path.join(folder, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            fd = os.open(os.path.join(path, _FOLDER_LOCK), os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:  # no lock file (or gone already): left alone
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # its driver lives (this process's own included)
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        finally:
-            os.close(fd)
-    if removed:
-        logger.info("removed the payload folders of dead drivers: %s", ", ".join(removed))
-    return removed
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.remove(path)
-
-
 def _as_dict(version: Version) -> dict[str, Any]:
     return {"index": version.index, "label": version.label, "key": version.key,
             "nbytes": version.nbytes, "source": version.source}
@@ -479,7 +243,7 @@ def serving(host: Callable[[], str], bind: Callable[[], str | None] | None = Non
             ) -> Iterator[Server]:
     """This process's server, started on first use at ``host()`` (an address of this
     machine that executors reach; ``SPARK_KERAS_DRIVER_HOST`` instead if set), listening
-    at ``bind()`` if that is an address (:func:`bind_address`). It stays open while the
+    at ``bind()`` if that is an address (:func:`.driver_address.bind_address`). It stays open while the
     block runs (a handle made there registers in it), then while a handle remains or
     Spark runs (:func:`close_if_idle`)."""
     global _server
@@ -555,25 +319,3 @@ def _closing(stop: Callable[..., Any]) -> Callable[..., Any]:
 
     stop_and_close._spark_keras_closes = True  # type: ignore[attr-defined]
     return stop_and_close
-
-
-def driver_host(spark: Any, connect: bool) -> str:
-    """This driver's address as the executors of ``spark`` (a Connect session if
-    ``connect``) reach it."""
-    if connect:
-        if getattr(spark.client, "host", None) in (None, "localhost", "127.0.0.1", "::1"):
-            return "127.0.0.1"  # a local Connect server: its executors are on this machine
-        return socket.gethostbyname(socket.gethostname())
-    sc = getattr(spark, "sparkContext", spark)
-    return socket.gethostbyname(sc.getConf().get("spark.driver.host") or socket.gethostname())
-
-
-def bind_address(spark: Any, connect: bool) -> str | None:
-    """Where this driver's channel listens: ``SPARK_KERAS_DRIVER_BIND_ADDRESS``, else
-    ``spark.driver.bindAddress`` (classic Spark), else None (at its advertised host)."""
-    if os.environ.get(BIND_ENV):
-        return os.environ[BIND_ENV]
-    if connect:
-        return None  # the Connect server's settings are not this process's
-    sc = getattr(spark, "sparkContext", spark)
-    return sc.getConf().get("spark.driver.bindAddress") or None

@@ -397,7 +397,7 @@ class ServedTransport(Transport):
         """Write the payload into ``out`` (an open file, or a buffer), from its start;
         raises :class:`~spark_keras.errors.PayloadError` if it is not the payload whose
         digest the driver fixed (``out`` then holds bytes nobody may use)."""
-        from spark_keras.channel import version_server
+        from spark_keras.channel import client as channel_client
 
         delay, attempt, busy_since = 1.0, 0, None
         hashing = _Hashing(out)
@@ -406,7 +406,7 @@ class ServedTransport(Transport):
             out.seek(start)
             out.truncate()
             try:
-                version_server.download(self.address, self.name, self.index,
+                channel_client.download(self.address, self.name, self.index,
                                         cast(BinaryIO, hashing), start)  # download() only writes
                 break
             except DriverBusy as exc:  # not an attempt: come back when the driver says

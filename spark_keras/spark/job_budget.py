@@ -88,6 +88,7 @@ def limit_for(handle: Any, max_invalid: float | None, scope: str = "action",
     if max_invalid is None or scope == "task":
         return max_invalid
     from spark_keras.channel import version_server
+    from spark_keras.channel.credentials import budget_scope
 
     server = getattr(handle, "_server", None) or version_server._server
     if server is None or server.closed:
@@ -95,7 +96,7 @@ def limit_for(handle: Any, max_invalid: float | None, scope: str = "action",
     key = uuid.uuid4().hex
     budget_ledger.ledger.register(key, max_invalid)
     _watch_stages(session)
-    return ActionLimit(max_invalid, key, server.address_for(version_server.budget_scope(key)))
+    return ActionLimit(max_invalid, key, server.address_for(budget_scope(key)))
 
 
 def partition_limit(handle: Any, max_invalid: float | None, scope: str = "action") -> MaxInvalid:
@@ -115,12 +116,12 @@ def _watch_stages(session: Any) -> None:
     (None: Connect's default session, if any): classic Spark's it asks at need."""
     import sys
 
-    from spark_keras.channel.versions import _default_connect_session
+    from spark_keras.channel.scopes import default_connect_session
     from spark_keras.executor.transport import is_connect
 
     if session is None:
         connect = sys.modules.get("pyspark.sql.connect.session")
-        session = None if connect is None else _default_connect_session(connect.SparkSession)
+        session = None if connect is None else default_connect_session(connect.SparkSession)
     if session is not None and "pyspark.sql.connect.session" in sys.modules \
             and is_connect(session):
         budget_stages.stage_tasks.watch(session)
