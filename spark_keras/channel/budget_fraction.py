@@ -17,14 +17,25 @@ most, then counts alone (warned).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_keras.channel.budget_stages import PENDING_RETRY
 
 if TYPE_CHECKING:
     from spark_keras.channel.budget_count import Count, Report
-    from spark_keras.channel.budget_ledger import Ledger
     from spark_keras.channel.budget_stages import Stage
+
+
+
+class Ledger(Protocol):
+    """What a fraction's judgement uses of the ledger (:class:`.budget_ledger.Ledger`)."""
+
+    def count_of(self, key: str, scope: str) -> Count | None: ...
+
+    def decide(self, count: Count, when: str) -> str: ...
+
+    def warn_alone(self, where: tuple[str, str], limit: float, why: str) -> None: ...
+
 
 HOLD_WAIT = 60.0  # seconds a task waits for the other tasks of its stage to end
 STALE = 5.0  # seconds after which a waiting task that stopped asking waits no more
