@@ -61,7 +61,7 @@ def _separate(handles, df) -> float:
 
 def _payload_files() -> list[tuple[str, int]]:
     """(name, bytes) of the payload files in this executor's folder."""
-    from spark_keras.executor.transport import executor_folder
+    from spark_keras.executor.transport.executor_file import executor_folder
 
     folder = executor_folder()
     if not folder or not os.path.isdir(folder):

@@ -71,7 +71,7 @@ def rebuild_task(bm: Any, input_shape: tuple[int, ...], rows: int) -> Callable:
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)  # first: the task starts
         import numpy as np
 
-        from spark_keras.executor.transport import executor_folder
+        from spark_keras.executor.transport.executor_file import executor_folder
         from spark_keras.payload import host_file
 
         folder = executor_folder()

@@ -43,7 +43,7 @@ from spark_keras.channel.scopes import active_context, in_context
 from spark_keras.channel.version_server import Server
 from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import ChannelError, ChannelTrustError, SparkKerasError
-from spark_keras.executor import transport
+from spark_keras.executor.transport import served
 from tests import models
 from tests.conftest import REPO_ROOT, run_script
 from tests.relay import Relay
@@ -394,7 +394,7 @@ def test_past_the_cap_readers_are_told_to_come_back_and_their_downloads_land(mon
     monkeypatch.setattr(channel_server, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(channel_server, "RETRY_AFTER", 1)
     monkeypatch.setattr(channel_client, "TIMEOUT", 1.0)
-    monkeypatch.setattr(transport, "DOWNLOAD_ATTEMPTS", 2)  # 1 s + 1 s + 1 s, then failed
+    monkeypatch.setattr(served, "DOWNLOAD_ATTEMPTS", 2)  # 1 s + 1 s + 1 s, then failed
     payload = os.urandom(16 << 20)  # more than the kernel's socket buffers hold
     server = Server("127.0.0.1")
     readers: list[ssl.SSLSocket] = []
@@ -407,7 +407,7 @@ def test_past_the_cap_readers_are_told_to_come_back_and_their_downloads_land(mon
         threading.Timer(4.0, lambda: [r.close() for r in readers]).start()
         out = io.BytesIO()
         with caplog.at_level(logging.INFO, logger="spark_keras"):
-            transport.ServedTransport.of(_model(server), "m", 1, kept).write(out)
+            served.ServedTransport.of(_model(server), "m", 1, kept).write(out)
         assert out.getvalue() == payload
         assert time.monotonic() - started >= 4.0  # it waited for a place
         busy = [r.getMessage() for r in caplog.records if "maximum of readers" in r.getMessage()]

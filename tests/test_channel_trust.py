@@ -40,7 +40,8 @@ from spark_keras.channel.version_server import Server
 from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import ChannelError, LocalWriteError, PayloadError, SparkKerasError
 from spark_keras.executor import shipped_objects, task_version
-from spark_keras.executor.transport import ServedTransport, executor_folder
+from spark_keras.executor.transport.executor_file import executor_folder
+from spark_keras.executor.transport.served import ServedTransport
 from spark_keras.inference import predictor_for
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment

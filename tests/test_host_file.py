@@ -367,7 +367,7 @@ def test_a_full_executor_folder_scores_from_memory(spark, tmp_path):
     """spark.local.dir's payload folder is full (or read-only): BroadcastModel still
     scores, from the broadcast payload (or the URI read into memory), and each worker's
     cache_info says why its weights are not shared."""
-    from spark_keras.executor.transport import executor_folder
+    from spark_keras.executor.transport.executor_file import executor_folder
     from tests.conftest import worker_cache_infos
 
     model = models.mlp(64, 256, 2)

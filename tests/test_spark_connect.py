@@ -133,7 +133,7 @@ def test_errors_on_connect_are_clear(connect):
     with pytest.raises(sk.SparkKerasError, match="Spark Connect has no RDDs.*transform"):
         list(bm.predict_partition(iter([[1.0, 2.0, 3.0]])))
 
-    from spark_keras.executor.transport import ArtifactTransport
+    from spark_keras.executor.transport.artifact import ArtifactTransport
 
     lost = sk.BroadcastModel(connect, models.mlp(3, 8, 1))
     lost.signature  # noqa: B018  (read on the driver while it has the model)
@@ -236,7 +236,7 @@ def _executor_files(connect, handle=None) -> dict[str, list[str]]:
     import pyarrow as pa
 
     def report(batches):
-        from spark_keras.executor.transport import executor_folder
+        from spark_keras.executor.transport.executor_file import executor_folder
 
         if handle is not None:
             handle.release_stale()  # a live handle carries the released keys

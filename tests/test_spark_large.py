@@ -18,7 +18,8 @@ import spark_keras as sk
 from bench import large_bench
 from spark_keras.cache import read_build_log
 from spark_keras.executor import driver_payload
-from spark_keras.executor.transport import BroadcastTransport, ServedTransport
+from spark_keras.executor.transport.broadcast import BroadcastTransport
+from spark_keras.executor.transport.served import ServedTransport
 
 MB = 2**20
 

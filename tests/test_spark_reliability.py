@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import spark_keras as sk
-from spark_keras.executor.transport import BroadcastTransport
+from spark_keras.executor.transport.broadcast import BroadcastTransport
 from tests import models
 from tests.conftest import builds_by_worker, make_spark, run_script, worker_cache_infos
 from tests.test_payload_integrity import rewrite_header
@@ -265,7 +265,7 @@ import os, signal, time
 import numpy as np
 import spark_keras as sk
 from spark_keras.payload import host_file
-from spark_keras.spark import transport
+from spark_keras.executor.transport import executor_file
 from tests import models
 from tests.conftest import make_spark
 
@@ -282,7 +282,7 @@ want = float(np.asarray(model(x)).item())
 
 def land(_):
     got = float(np.asarray(bm.value(x)).item())  # builds on the executor's file
-    yield transport.executor_folder(), transport._executor_pid(), got
+    yield executor_file.executor_folder(), executor_file._executor_pid(), got
 
 
 def landed(until, timeout=300):

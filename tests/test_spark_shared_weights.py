@@ -11,7 +11,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.cache import read_build_log
-from spark_keras.executor.transport import executor_folder
+from spark_keras.executor.transport.executor_file import executor_folder
 from spark_keras.payload import host_file
 from tests import models
 from tests.conftest import builds_by_worker, make_spark, worker_cache_infos

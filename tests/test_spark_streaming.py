@@ -271,7 +271,7 @@ def executor_state(spark) -> dict[int, dict]:
     executor's folder. Ships no handle, so it releases nothing itself."""
     import json
 
-    from spark_keras.executor.transport import executor_folder
+    from spark_keras.executor.transport.executor_file import executor_folder
 
     def report(batches):
         for _ in batches:

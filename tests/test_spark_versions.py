@@ -294,7 +294,7 @@ def _rebuild_everywhere(spark) -> None:
     executor's payload files are gone, so the next task builds from the source again."""
     def forget(batches):
         from spark_keras.cache import model_cache
-        from spark_keras.executor.transport import executor_folder
+        from spark_keras.executor.transport.executor_file import executor_folder
 
         for _ in batches:
             pass

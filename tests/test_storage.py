@@ -236,7 +236,7 @@ def test_a_model_changed_or_damaged_in_storage_is_refused(spark, s3):
 
 
 def test_a_file_uri_model_after_unpersist_and_destroy(spark, build_log, tmp_path):
-    from spark_keras.executor.transport import executor_folder
+    from spark_keras.executor.transport.executor_file import executor_folder
 
     model = models.mlp(4, 8, 2)
     sk.save(model, tmp_path / "m.skp")

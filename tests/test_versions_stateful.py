@@ -728,7 +728,7 @@ def _remove_in_the_executor(spark: Any, names: list[str]) -> None:
     prefixes = tuple(names)
 
     def remove(batches: Any) -> Any:
-        from spark_keras.executor.transport import executor_folder
+        from spark_keras.executor.transport.executor_file import executor_folder
 
         for _ in batches:
             pass
@@ -901,7 +901,7 @@ def test_a_damaged_copy_another_worker_wrote_is_rewritten_from_the_driver(spark,
     from the driver's copy, as the first worker's does: it read storage again (a first
     write of its own) and failed the action with 'payload corrupted'. Here the first
     worker's file is placed by a task before the action."""
-    from spark_keras.executor.transport import executor_folder
+    from spark_keras.executor.transport.executor_file import executor_folder
     from spark_keras.payload import host_file
 
     spark = _session(spark)

@@ -9,7 +9,7 @@ from there into its own file, which its workers map. Spark's broadcast would hol
 the driver's and every executor's JVM heap, and ``SparkContext.addFile`` cannot remove a
 file again (every executor fetches every file added, for the application's lifetime:
 each version of a model, forever). A model given by URI is read by the executors
-straight from storage (:class:`~.transport.StorageTransport`).
+straight from storage (:class:`~.transport.storage.StorageTransport`).
 """
 
 from __future__ import annotations
