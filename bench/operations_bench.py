@@ -61,7 +61,7 @@ def _score(bm, df, mode: str, rows: int) -> float:
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    from spark_keras.spark.scoring import _metrics
+    from spark_keras.spark.transform import _metrics
 
     observation = Observation("operations") if "observe" in mode else None
     extra = {"error_col": "error"} if "error_col" in mode else {}

@@ -52,11 +52,14 @@ from bench.sessions import scoring_session
 # (stage, markers): a sample belongs to the stage of the first frame, read from the leaf
 # up, that contains one of its markers (py-spy frames read "function (path:line)").
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("model call", ("inference/predictor.py", "spark_keras/flavour.py", "tensorflow/", "keras/")),
+    ("model call", ("inference/predictor.py", "inference/shaped_calls.py", "spark_keras/flavour.py",
+                    "tensorflow/", "keras/")),
     ("output build", ("inference/outputs.py",)),
     ("column walk and checks", ("inference/walk.py", "inference/columns.py", "inference/images.py",
                                 "inference/engine.py")),
-    ("spark_keras glue", ("spark_keras/spark/scoring.py", "spark_keras/handle.py", "spark_keras/cache.py")),
+    ("spark_keras glue", ("spark_keras/spark/scoring.py", "spark_keras/spark/udf.py",
+                          "spark_keras/spark/transform.py", "spark_keras/spark/map_partitions.py",
+                          "spark_keras/handle.py", "spark_keras/cache.py")),
     ("pandas <-> Arrow", ("arrow_to_pandas", "_create_batch", "_create_array", "pandas/")),
     ("Python -> JVM write", ("dump_stream",)),
     ("JVM -> Python read", ("load_stream",)),

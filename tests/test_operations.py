@@ -321,15 +321,16 @@ def test_the_mapinarrow_path_takes_repeated_column_names(spark, bm):
 
     from pyspark.sql.types import StringType, StructField
 
-    from spark_keras.spark import scoring
+    from spark_keras.spark import transform
+    from spark_keras.spark.scoring import scored_columns
     from spark_keras.spark.types import prediction_type
 
     fields = [StructField("prediction", prediction_type(bm.signature)),
               StructField("error", StringType())]
-    score_batches = functools.partial(scoring._scored_columns, bm, ["features"], batch_size=64,
+    score_batches = functools.partial(scored_columns, bm, ["features"], batch_size=64,
                                       on_invalid="null", reasons=True, figures=False)
-    out = scoring._with_mapinarrow_columns(joined(spark), score_batches, ["features"],
-                                           fields, None)
+    out = transform._with_mapinarrow_columns(joined(spark), score_batches, ["features"],
+                                             fields, None)
     assert out.columns == ["id", "tag", "features", "id", "tag", "prediction", "error"]
     rows = out.collect()
     assert sorted((r[1], r[4]) for r in rows) == sorted((f"l{i}", f"r{i}") for i in range(30))

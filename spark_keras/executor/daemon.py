@@ -78,7 +78,7 @@ _JEMALLOC_ENV = "JE_ARROW_MALLOC_CONF"
 # spark_keras's own worker-side modules (the stock daemon imports pyspark.worker only
 # after each fork: we import it once, before)
 _WORKER_MODULES = ("pyspark.worker", "spark_keras.payload.codec", "spark_keras.spark.scoring",
-                   "spark_keras.inference.outputs")
+                   "spark_keras.spark.map_partitions", "spark_keras.inference.outputs")
 _PROBE_SECONDS = 30.0  # a probe fork's child exits at once; one that hangs is killed
 
 

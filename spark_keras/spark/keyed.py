@@ -33,6 +33,8 @@ from spark_keras.inference.rows import RowNames
 from spark_keras.inference.specs import Signature, empty_outputs
 from spark_keras.spark import job_budget, scoring
 from spark_keras.spark.broadcast import BroadcastModel
+from spark_keras.spark.transform import transform as transform_df
+from spark_keras.spark.udf import arrow_udf_of, column_name
 
 logger = logging.getLogger("spark_keras")
 
@@ -177,11 +179,11 @@ class KeyedModels:
         self._check_key_type(df.schema, key)
         for handle in self._handles.values():  # each model on the driver
             buckets = bucketing.checked(handle, buckets)
-        return scoring.transform(self, df, input_cols, output_col,  # type: ignore[arg-type]
-                                 batch_size=batch_size, on_invalid=on_invalid, error_col=error_col,
-                                 max_invalid=max_invalid, id_col=id_col, version_col=version_col,
-                                 key_col=key, scorer=keyed_columns, buckets=buckets,
-                                 max_invalid_scope=max_invalid_scope)
+        return transform_df(self, df, input_cols, output_col,  # type: ignore[arg-type]
+                            batch_size=batch_size, on_invalid=on_invalid, error_col=error_col,
+                            max_invalid=max_invalid, id_col=id_col, version_col=version_col,
+                            key_col=key, scorer=keyed_columns, buckets=buckets,
+                            max_invalid_scope=max_invalid_scope)
 
     def predict_udf(self, *, batch_size: int = DEFAULT_BATCH_SIZE,
                     on_invalid: str = "error") -> Callable[..., Any]:
@@ -203,11 +205,11 @@ class KeyedModels:
             if not columns:
                 raise ModelInputError("the KeyedModels UDF takes the key column, then at "
                                       "least one input column")
-            names = [scoring._column_name(c) for c in columns]
+            names = [column_name(c) for c in columns]
             batches = functools.partial(keyed_columns, self, names, batch_size=batch_size,
                                         on_invalid=on_invalid, reasons=False, figures=False)
-            made = scoring._arrow_udf_of(batches, len(names) + 1,
-                                         [StructField("prediction", prediction_type(self.signature))])
+            made = arrow_udf_of(batches, len(names) + 1,
+                                [StructField("prediction", prediction_type(self.signature))])
             if made is None:
                 raise SparkKerasError("KeyedModels.predict_udf needs PySpark >= 4.1 (an "
                                       "arrow_udf); use KeyedModels.transform")
@@ -254,7 +256,7 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
                   max_invalid: job_budget.MaxInvalid = None, id_col: str | None = None,
                   version: bool = False, buckets: Buckets = None) -> Iterator[list[pa.Array]]:
     """In a task: per batch of ``[key, *inputs(, id)]`` columns, what
-    :func:`~.scoring._scored_columns` gives, each key's rows scored by its model. Errors
+    :func:`~.scoring.scored_columns` gives, each key's rows scored by its model. Errors
     and reasons number a row by its place in the batch; the batch is held against
     ``max_invalid`` as a whole, in row order, once its keys are scored."""
     keys = models.keys()
