@@ -10,8 +10,11 @@ import json
 import os
 import pwd
 import shutil
+import struct
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,16 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
-from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.errors import JobError, outcome
 from spark_keras.jobs.score.lease import Lease, lease_folder
+from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.run import score
 from spark_keras.jobs.score.trust import hadoop_owner
 from spark_keras.spark.arrow_paths import ArrowPaths
 from spark_keras.spark.paths import HadoopPaths
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
-from tests.other_user import NAME, give_to_other_user, other_user
+from tests.other_user import NAME, as_other_user, give_to_other_user, other_user
 
 ROWS = 100  # per input file, one file a group
 ME = pwd.getpwuid(os.geteuid()).pw_name
@@ -110,6 +113,43 @@ def refusal(spark, args) -> str:
     return line
 
 
+def acl(*writers: int) -> bytes:
+    """A POSIX ACL as Linux keeps it in ``system.posix_acl_*`` (version 2, then entries of
+    tag u16, permissions u16, id u32): the owner rwx, each user of ``writers`` rwx, the
+    owning group r-x, mask rwx, others r-x (``setfacl -m u:<writer>:rwx``)."""
+    anyone = 0xFFFFFFFF
+    entries = [(0x01, 7, anyone), *[(0x02, 7, uid) for uid in writers], (0x04, 5, anyone),
+               (0x10, 7, anyone), (0x20, 5, anyone)]
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+@pytest.fixture
+def shared():
+    """A folder of this user's that every user may enter (0755, in the sticky /tmp)."""
+    folder = tempfile.mkdtemp(prefix="spark-keras-shared-", dir="/tmp")
+    os.chmod(folder, 0o755)
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def team_folder(shared: Path) -> Path:
+    """A team folder in ``shared`` whose default ACL lets the other user write whatever
+    is made in it (``setfacl -d -m u:spark-keras-other:rwx team``)."""
+    team = shared / "team"
+    team.mkdir(mode=0o755)
+    os.setxattr(team, "system.posix_acl_default", acl(other_user().pw_uid))
+    return team
+
+
+def other_user_writes(folder) -> bool:
+    """Whether the other user, in a process of its own, can make a file in ``folder``."""
+    try:
+        as_other_user("/bin/sh", "-c", 'echo planted > "$0/planted-by-other"', str(folder))
+    except subprocess.CalledProcessError:
+        return False
+    return True
+
+
 # --- item 1: folders the job reads back --------------------------------------------------------
 
 def _group_writable(path) -> None:
@@ -135,7 +175,8 @@ UNTRUSTED = {
     "output of another user": (lambda out, q: give_to_other_user(out),
                                "output '{out}' is owned by user '" + NAME + "'"),
     "output writable by others": (lambda out, q: os.chmod(out, 0o777),
-                                  "output '{out}' is writable by others (mode 0777)"),
+                                  "output '{out}' is writable by its group and others "
+                                  "(mode 0777)"),
     "commit log of another user": (lambda out, q: give_to_other_user(out / "_spark_keras"),
                                    "commit log '{out}/_spark_keras' is owned by user '"
                                    + NAME + "'"),
@@ -144,6 +185,22 @@ UNTRUSTED = {
         "commit log '{out}/_spark_keras/commits' is writable by its group (mode 0775)"),
     "quarantine of another user": (lambda out, q: give_to_other_user(q),
                                    "invalid rows' output '{q}' is owned by user '" + NAME + "'"),
+    # 0775, its group the user's own: taken for the user's (umask 002) while the ACL let
+    # the other user write it
+    "commits folder whose ACL lets another user write": (
+        lambda out, q: os.setxattr(out / "_spark_keras" / "commits", "system.posix_acl_access",
+                                   acl(other_user().pw_uid)),
+        "commit log '{out}/_spark_keras/commits' is writable by user '" + NAME + "' through "
+        "its ACL (mode 0775)"),
+    # the folder holding the output: whoever may write it can swap the output once checked
+    "output in another user's folder": (
+        lambda out, q: os.chown(out.parent, other_user().pw_uid, other_user().pw_gid),
+        "the folder '{parent}' (holding '{parent}/.out.spark-keras-lease') is owned by user '"
+        + NAME + "', who may replace what it holds"),
+    "output in a folder all write, not sticky": (
+        lambda out, q: os.chmod(out.parent, 0o777),
+        "the folder '{parent}' (holding '{parent}/.out.spark-keras-lease') is writable by its "
+        "group and others and not sticky (mode 0777)"),
     "staging folder of another user": (_staging_of_another_user, None),
 }
 
@@ -156,12 +213,37 @@ def test_a_folder_another_user_made_or_could_write_is_refused_before_it_is_read(
     under the output changed (without the check the run resumed it, exit 0)."""
     out, q, args = copy(made, tmp_path)
     plant, said = UNTRUSTED[case]
-    said = plant(out, q) or said.format(out=out, q=q)
+    said = plant(out, q) or said.format(out=out, q=q, parent=tmp_path)
     before = tree(tmp_path)
     line = refusal(spark, args)
     assert said in line, line
-    assert "nothing was read from it" in line and ("remove it" in line or "chmod go-w" in line)
+    assert "nothing was read from it" in line and any(
+        fix in line for fix in ("remove it", "chmod go-w", "a folder of your own")), line
     assert tree(tmp_path) == before
+
+
+def test_the_jobs_own_folders_under_a_shared_folders_default_acl_are_its_own(spark, made,
+                                                                            shared):
+    """The audit's attack: in a team folder whose default ACL lets the other user write,
+    with Hadoop's umask 002, the job's output and commit log came out 0775, their group
+    the user's own (taken for the user's), while their ACL let the other user write them:
+    it rewrote two committed groups and the victim's ``--resume`` exited 0 with 200 of
+    400 rows its. Now the job makes its folders without that ACL, writable by no one
+    else: the other user (a process of its own) cannot write them, and ``--resume``
+    takes them as the user's."""
+    out = team_folder(shared) / "out"
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    umask = conf.get("fs.permissions.umask-mode")
+    conf.set("fs.permissions.umask-mode", "002")
+    try:
+        first = score(spark, HadoopPaths(spark), job_args(made, out))
+        for folder in (out, out / "_spark_keras", out / "_spark_keras" / "commits"):
+            assert not other_user_writes(folder), (folder, oct(os.stat(folder).st_mode))
+        again = score(spark, HadoopPaths(spark), job_args(made, out))
+    finally:
+        conf.set("fs.permissions.umask-mode", umask) if umask else \
+            conf.unset("fs.permissions.umask-mode")
+    assert (first["rows"], again["rows"], again["rows_skipped"]) == (4 * ROWS, 0, 4 * ROWS)
 
 
 @pytest.mark.slow  # the victim's job as a process of its own: about 40 s
@@ -294,7 +376,7 @@ def test_a_lease_folder_another_user_planted_is_refused_naming_its_owner(tmp_pat
         said = f"is owned by user '{NAME}'"
     else:
         os.chmod(folder, 0o777)
-        said = "is writable by others (mode 0777)"
+        said = "is writable by its group and others (mode 0777)"
     proc = subprocess.run([sys.executable, "-c", _TAKE, out], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=REPO_ROOT), timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -303,16 +385,49 @@ def test_a_lease_folder_another_user_planted_is_refused_naming_its_owner(tmp_pat
 
 
 def test_a_lease_made_under_umask_002_is_the_users_own(tmp_path):
-    """A umask of 002 (Ubuntu's for users with a group of their own) makes the lease
-    folder writable by that group, which holds nobody else: not refused."""
+    """A umask of 002 (Ubuntu's for users with a group of their own) made the lease
+    folder writable by that group; the job makes it writable by no one else, so it is
+    not refused (the group is no longer taken for the user)."""
     out = str(tmp_path / "scored")
     old = os.umask(0o002)
     try:
         with Lease(ArrowPaths(), out) as lease:
-            assert os.stat(lease.folder).st_mode & 0o777 == 0o775
+            assert os.stat(lease.folder).st_mode & 0o777 == 0o755
             lease.check()
     finally:
         os.umask(old)
+
+
+def test_a_lease_under_a_shared_folders_default_acl_is_written_by_no_one_else(shared):
+    """The audit's attack: the lease folder the job made in a team folder whose default
+    ACL lets the other user write showed 0775 with the user's own group (taken for the
+    user's) while its ACL let the other user drop in a holder naming pid 1, which held
+    every later run back. Now the other user (a process of its own) cannot write it."""
+    out = str(team_folder(shared) / "scored")
+    with Lease(ArrowPaths(), out) as lease:
+        assert not other_user_writes(lease.folder), oct(os.stat(lease.folder).st_mode)
+        lease.check()
+    with Lease(ArrowPaths(), out):  # and the next run takes it
+        pass
+
+
+def test_a_holder_file_of_another_user_is_refused_naming_its_owner(tmp_path):
+    """A holder file naming pid 1 (alive as long as the host) owned by the other user, in
+    the user's own lease folder: refused naming its owner and the fix, not taken for a
+    live job's (the refusal was "being written by another score job (pid 1 ...)")."""
+    out = str(tmp_path / "scored")
+    folder = lease_folder(out)
+    os.makedirs(folder)
+    holder = os.path.join(folder, f"holder-{'0' * 28}.json")
+    with open(holder, "w") as f:
+        json.dump({"host": os.uname().nodename, "pid": 1, "started": "forever"}, f)
+    os.chown(holder, other_user().pw_uid, other_user().pw_gid)
+    proc = subprocess.run([sys.executable, "-c", _TAKE, out], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO_ROOT), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"holds '{holder}', a holder file of user '{NAME}'" in proc.stdout, proc.stdout
+    assert f"have '{NAME}' (or root) remove it" in proc.stdout, proc.stdout
+    assert "being written by another score job" not in proc.stdout
 
 
 # --- Hadoop's report of owners ------------------------------------------------------------------
@@ -323,5 +438,5 @@ def test_hadoop_reports_a_paths_owner_mode_and_the_running_user(spark, tmp_path)
     folder.mkdir()
     os.chmod(folder, 0o757)
     give_to_other_user(folder)
-    assert hadoop_owner(spark, f"file://{folder}") == (NAME, ME, 0o757, False)
+    assert hadoop_owner(spark, f"file://{folder}") == (NAME, ME, 0o757)
     assert hadoop_owner(spark, f"file://{tmp_path}/nothing") is None

@@ -17,10 +17,13 @@ so it works wherever the job writes (local files, HDFS, object stores):
   once: each is written whole). Then the job writes its holder file, waits
   :data:`SETTLE_SECONDS` and lists again: of jobs that claimed the output at the same
   moment, the one whose token sorts first keeps it, the others withdraw and refuse.
-* **Whose it is.** A lease folder another user made (in a shared folder such as ``/tmp``,
-  with a holder naming a process that never ends), or one others can write, is refused
-  naming its owner or mode and the fix (:func:`.score_trust.trusted`), not taken for a
-  live job's.
+* **Whose it is.** The job makes the lease folder writable by nobody else (no ACL a
+  shared folder's default ACL would give it: :func:`~spark_keras.jobs.score.trust.make_folder`).
+  A lease folder another user made (in a shared folder such as ``/tmp``, with a holder
+  naming a process that never ends), one others can write, one in a folder another user
+  can swap it from, or a holder file another user owns, is refused naming its owner or
+  mode and the fix (:func:`~spark_keras.jobs.score.trust.trusted`), not taken for a live
+  job's.
 * **Holding it.** Before each commit and the ``_SUCCESS`` file the job checks that its
   holder file is still there and the first: a job judged dead by another (beats stalled
   past :data:`STALE_SECONDS`), or one whose claim another's preceded, stops instead of
@@ -39,7 +42,7 @@ import uuid
 from typing import Any, Iterable
 
 from spark_keras.jobs.score.errors import JobError
-from spark_keras.jobs.score.trust import trusted
+from spark_keras.jobs.score.trust import foreign_owner, make_folder, trusted
 from spark_keras.spark.paths import Paths, join, write_whole
 
 __all__ = ["Lease", "Leases", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
@@ -98,12 +101,21 @@ class Lease:
 
     def _holders(self) -> dict[str, str]:
         """token -> holder file path, of every job that claims the output now."""
+        trusted(self._paths, self.folder, f"the lease folder of output {self._output!r},")
         if not self._paths.exists(self.folder):
             return {}
-        trusted(self._paths, self.folder, f"the lease folder of output {self._output!r},")
-        return {e.name[len("holder-"):-len(".json")]: join(self.folder, e.name)
-                for e in self._paths.children(self.folder)
-                if e.name.startswith("holder-") and e.name.endswith(".json")}
+        found = {e.name[len("holder-"):-len(".json")]: join(self.folder, e.name)
+                 for e in self._paths.children(self.folder)
+                 if e.name.startswith("holder-") and e.name.endswith(".json")}
+        for path in found.values():
+            owner = foreign_owner(self._paths, path)
+            if owner is not None:
+                raise JobError(f"the lease of output {self._output!r} holds {path!r}, a holder "
+                               f"file of user {owner}, not of the user who runs this job: "
+                               f"another user may have put it there to hold this job back; "
+                               f"it is not taken for a live job's: have {owner} (or root) "
+                               f"remove it")
+        return found
 
     def _beats(self, token: str) -> list[str]:
         prefix = f"beat-{token}-"
@@ -165,6 +177,8 @@ class Lease:
         self._token = f"{time.time_ns():020d}{uuid.uuid4().hex[:8]}"
         self._holder = join(self.folder, f"holder-{self._token}.json")
         try:
+            make_folder(self._paths, self.folder)  # writable by nobody else (a default ACL)
+            trusted(self._paths, self.folder, f"the lease folder of output {self._output!r},")
             write_whole(self._paths, self._holder, json.dumps(info))
             self._beat(0)
             time.sleep(SETTLE_SECONDS)

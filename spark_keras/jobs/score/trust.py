@@ -5,11 +5,16 @@ renames that stay under their folder.
 * :func:`trusted`: a folder the job reads back (the output, its commit log and staging
   folders, the quarantine, the lease folder) must be the running user's and writable by
   no one else, or the job stops before reading it: another user could have put it there
-  (a shared folder such as ``/tmp``) with a commit log of their own (a group of the
-  user's own with nobody else in it counts as the user: umask 002). Local paths are
-  judged with ``os.lstat`` (a symbolic link must be the user's, then its target is
-  judged); HDFS by the owner and permission Hadoop's ``FileStatus`` reports; object
-  stores and Spark Connect's URIs report no owner worth the name: not checked there.
+  (a shared folder such as ``/tmp``) with a commit log of their own. Local paths are
+  judged by :func:`spark_keras.private_folder.unsafe` (``lstat``: a symbolic link must be
+  the user's or root's, then its target is judged; the mode's group bits, an ACL's mask;
+  the folder holding it, which could swap it); HDFS by the owner and permission Hadoop's
+  ``FileStatus`` reports; object stores and Spark Connect's URIs report no owner worth
+  the name: not checked there.
+* :func:`make_folder`: the folders the job makes locally are writable by no one else,
+  whatever the umask or a shared folder's default ACL (so a umask of 002 does not get
+  the job's own folders refused); :func:`foreign_owner`: a lease's holder file must be
+  the user's too.
 * :func:`check_record`: every name a commit record gives matches the names the job
   writes (``k=v/`` partition folders, ``gNNNNN-part-...``, ``_staging-gNNNNN-<hex>``).
 * :func:`inside`: a path checked to be under its folder before it is removed or renamed.
@@ -19,14 +24,15 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from typing import Any
 
 from spark_keras.jobs.score.errors import JobError
-from spark_keras.spark.paths import HadoopPaths, Paths, file_uri_path, hadoop_filesystem, join, scheme
+from spark_keras.private_folder import Unsafe, unsafe, unsafe_holder, user_name
+from spark_keras.private_folder import make_folder as make_local_folder
+from spark_keras.spark.paths import HadoopPaths, Paths, failing, file_uri_path, hadoop_filesystem, join, scheme
 
-__all__ = ["STAGING", "trusted", "hadoop_owner", "check_record", "inside", "published", "staged",
-           "move_into", "remove"]
+__all__ = ["STAGING", "trusted", "hadoop_owner", "foreign_owner", "make_folder", "check_record",
+           "inside", "published", "staged", "move_into", "remove"]
 
 STAGING = "_staging-"
 _PARTITION = r"[^/=\x00-\x1f]+=[^/=\x00-\x1f]*/"  # k=v/ (Spark escapes / and = in both)
@@ -35,52 +41,14 @@ _STAGING = re.compile(rf"{STAGING}g(\d{{5,}})-[0-9a-f]{{12}}")
 _HDFS = {"hdfs", "viewfs", "webhdfs", "swebhdfs"}  # Hadoop filesystems that keep owners
 
 
-def _name(uid: int) -> str:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+def _local(path: str) -> str:
+    """The local path of a plain path or a ``file:`` URI."""
+    return file_uri_path(path) if scheme(path) == "file" else os.path.abspath(path)
 
 
-def _own_group(gid: int) -> bool:
-    """Whether group ``gid`` is the running user's private group (its name the user's,
-    nobody else in it nor having it as theirs): what a umask of 002 (Ubuntu's for such
-    users) makes folders writable by; Spark Connect's client makes the lease so."""
-    import grp
-    import pwd
-
-    try:
-        user, group = pwd.getpwuid(os.geteuid()), grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return gid == user.pw_gid and group.gr_name == user.pw_name \
-        and set(group.gr_mem) <= {user.pw_name} \
-        and all(other.pw_gid != gid or other.pw_uid == user.pw_uid for other in pwd.getpwall())
-
-
-def _local(path: str) -> tuple[str, str, int, bool] | None:
-    """``(owner, running user, mode, group is the user's own)`` of a local path, a
-    symbolic link not followed (the user's own: its target judged); None if missing or
-    there are no unix owners (Windows)."""
-    if not hasattr(os, "geteuid"):
-        return None
-    try:
-        found = os.lstat(path)
-        if stat.S_ISLNK(found.st_mode) and found.st_uid == os.geteuid():
-            found = os.stat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(found.st_mode):  # another user's link: its owner is refused
-        return _name(found.st_uid), _name(os.geteuid()), 0, False
-    return (_name(found.st_uid), _name(os.geteuid()), stat.S_IMODE(found.st_mode),
-            _own_group(found.st_gid))
-
-
-def hadoop_owner(spark: Any, path: str) -> tuple[str, str, int, bool] | None:
-    """``(owner, running user, mode, False)`` of ``path`` as Hadoop's FileSystem reports
-    them (its ``FileStatus`` and the JVM's ``UserGroupInformation``); None if missing."""
+def hadoop_owner(spark: Any, path: str) -> tuple[str, str, int] | None:
+    """``(owner, running user, mode)`` of ``path`` as Hadoop's FileSystem reports them
+    (its ``FileStatus`` and the JVM's ``UserGroupInformation``); None if missing."""
     fs, hadoop_path = hadoop_filesystem(spark, path)
     if not fs.exists(hadoop_path):
         return None
@@ -88,38 +56,72 @@ def hadoop_owner(spark: Any, path: str) -> tuple[str, str, int, bool] | None:
     jvm = getattr(spark, "sparkContext", spark)._jvm
     user = jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser()
     return (str(status.getOwner()), str(user.getShortUserName()),
-            int(status.getPermission().toShort()), False)
+            int(status.getPermission().toShort()))
+
+
+def _hdfs(paths: Paths, path: str) -> HadoopPaths | None:
+    """``paths`` if ``path`` is on a Hadoop filesystem that keeps owners."""
+    return paths if isinstance(paths, HadoopPaths) and scheme(paths.place(path)) in _HDFS \
+        else None
 
 
 def trusted(paths: Paths, path: str, what: str) -> None:
     """Raise :class:`JobError` (saying how to fix it) if the folder ``path`` (``what``:
-    ``"output"``, ``"lease folder"``...) is another user's, or writable by a group (other
-    than the user's private one) or by others; nothing if it does not exist or its
-    filesystem reports no owner (object stores, a URI on Spark Connect)."""
-    place = paths.place(path)
-    if scheme(place) is None:  # local: the path as given, its symbolic links not followed
-        found = _local(file_uri_path(path) if scheme(path) == "file" else os.path.abspath(path))
-    elif isinstance(paths, HadoopPaths) and scheme(place) in _HDFS:
-        found = hadoop_owner(paths.spark, path)
+    ``"output"``, ``"lease folder"``...) is another user's or writable by anyone else;
+    nothing if its filesystem reports no owner (object stores, a URI on Spark Connect).
+    A local one is judged by :func:`~spark_keras.private_folder.unsafe` and its holder
+    (even if ``path`` is not made yet); on HDFS (if it exists) by the owner and mode
+    Hadoop reports."""
+    if scheme(paths.place(path)) is None:  # local: the path as given, links not followed
+        try:
+            bad = unsafe(_local(path), holder=True)
+        except FileNotFoundError:  # to be made: not in a folder that could swap it
+            bad = unsafe_holder(_local(path))
+    elif (hadoop := _hdfs(paths, path)) is not None:
+        found = hadoop_owner(hadoop.spark, path)
+        if found is None:
+            return
+        owner, user, mode = found
+        who = " and ".join(w for w, bit in (("its group", 0o020), ("others", 0o002))
+                           if mode & bit)
+        bad = Unsafe(path, f"is owned by user {owner!r}, not by {user!r} who runs this job",
+                     f"have {owner!r} (or a superuser) remove it") if owner != user else \
+            Unsafe(path, f"is writable by {who} (mode {mode:04o})",
+                   "make it writable by you only (chmod go-w)") if who else None
     else:
         return
-    if found is None:
-        return
-    owner, user, mode, own_group = found
-    if owner != user:
-        raise JobError(f"{what} {path!r} is owned by user {owner!r}, not by {user!r} who runs "
-                       f"this job: another user may have made it (in a shared folder such "
-                       f"as /tmp) to steer or hold back this job; nothing was read from "
-                       f"it: have {owner!r} (or root) remove it, or write "
-                       f"somewhere only you can")
-    writers = [who for who, bit, fine in (("its group", stat.S_IWGRP, own_group),
-                                          ("others", stat.S_IWOTH, False))
-               if mode & bit and not fine]
-    if writers:
-        raise JobError(f"{what} {path!r} is writable by {' and '.join(writers)} (mode "
-                       f"{mode:04o}): another user could change what this job reads back; "
-                       f"nothing was read from it: make it writable by you only (chmod "
-                       f"go-w) or write somewhere only you can")
+    if bad is not None:
+        at = "" if bad.folder in (path, _local(path)) else f": the folder {bad.folder!r}"
+        raise JobError(f"{what} {path!r}{at} {bad.why}: another user may have made it (in a "
+                       f"shared folder such as /tmp) to steer or hold back this job, or "
+                       f"could change what it reads back; nothing was read from it: "
+                       f"{bad.fix}, or write somewhere only you can")
+
+
+def foreign_owner(paths: Paths, path: str) -> str | None:
+    """The owner of the file ``path`` if it is not the running user (None if it is, if
+    the file is gone, or its filesystem reports no owner)."""
+    try:
+        if scheme(paths.place(path)) is None:
+            uid = os.lstat(_local(path)).st_uid
+            return None if not hasattr(os, "geteuid") or uid == os.geteuid() else \
+                user_name(uid)
+        hadoop = _hdfs(paths, path)
+        found = hadoop_owner(hadoop.spark, path) if hadoop is not None else None
+    except FileNotFoundError:
+        return None
+    return repr(found[0]) if found is not None and found[0] != found[1] else None
+
+
+def make_folder(paths: Paths, path: str) -> None:
+    """Make the folder ``path`` (and its parents) as the job's own: a local one writable
+    by nobody else whatever the umask or a default ACL around it
+    (:func:`~spark_keras.private_folder.make_folder`); elsewhere as the path layer does."""
+    if scheme(paths.place(path)) is None:
+        with failing("create", path):
+            make_local_folder(_local(path))
+    else:
+        paths.make_folder(path)
 
 
 def check_record(record: dict, index: int, path: str) -> None:
@@ -174,7 +176,7 @@ def move_into(paths: Paths, root: str, source: str, target: str) -> None:
     inside(paths, root, target)
     folder = target.rpartition("/")[0]
     if "=" in folder.rpartition("/")[2] and not paths.exists(folder):
-        paths.make_folder(folder)
+        make_folder(paths, folder)
     paths.move(source, target)
 
 
