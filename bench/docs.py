@@ -105,7 +105,7 @@ def _scoring(results: dict) -> list[str]:
         "118x158x32 float32 activation is 152 MB) and whatever earlier methods left in "
         "that reused worker; it is an upper bound, not the cost of holding the model. "
         "The weights themselves are held once per worker: the unpickled broadcast "
-        "bytes are dropped after the build (tests/test_spark_broadcast.py checks it).", ""]
+        "bytes are dropped after the build (tests/spark/test_broadcast.py checks it).", ""]
 
 
 def _memory(results: dict) -> list[str]:

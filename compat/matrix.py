@@ -53,11 +53,11 @@ LEGS = [
         # pyspark.daemon, ML params and persistence. The engine's readers (text, images,
         # sequences, structs: test_spark_real_inputs, test_spark_struct_inputs) read Arrow
         # arrays of the same kinds on both, and run in the main suite only (CI time)
-        ["tests/test_spark_broadcast.py", "tests/test_spark_inputs.py",
-         "tests/test_spark_daemon.py", "tests/test_spark_ml.py",
+        ["tests/spark/test_broadcast.py", "tests/spark/test_inputs.py",
+         "tests/executor/test_daemon.py", "tests/ml/test_pipelines.py",
          # error_col / observe through mapInArrow, the only path there (PySpark 4 takes it
          # for profile= alone)
-         "tests/test_operations.py"]),
+         "tests/spark/test_operations.py"]),
     # the main venv (PySpark 4.3): `make venv` installs tf-keras there, without
     # dependencies (it depends on `tensorflow`; this project pins the identical CPU build)
     Leg("spark43-tfkeras", MAIN_VENV, {}, "test",

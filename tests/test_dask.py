@@ -329,7 +329,7 @@ def test_a_payload_folder_planted_by_another_user_is_not_used(client, rng):
     same size under the name the workers look for: they refuse the folder (each keeps
     its own copy of the weights) and score with the shipped model, never with the planted
     one; nothing of theirs is written into that folder."""
-    from tests.test_channel_trust import _same_size_other_weights
+    from tests.channel.test_trust import _same_size_other_weights
 
     model = models.mlp(5, 4, 3)
     x = rng.standard_normal((4, 5)).astype("float32")
@@ -349,11 +349,44 @@ def test_a_payload_folder_planted_by_another_user_is_not_used(client, rng):
             assert os.stat(planted).st_uid == os.stat(folder).st_uid  # still the planted one
 
 
+def test_a_scratch_folder_that_is_another_users_link_is_not_used(client, rng):
+    """The audit's attack on a shared scratch space: the workers' scratch folder was a
+    symbolic link of the other user's to a folder the workers may use (as ``/var/tmp``);
+    the workers took it, judging the link's target, while its owner could re-point it
+    between the digest check and the mapping (61 of 400 builds loaded its model). Now
+    each worker refuses the link (keeping its own copy of the weights, warned), scores
+    with the shipped model, and makes nothing behind the link."""
+    from tests.other_user import other_user
+
+    model = models.mlp(5, 4, 3)
+    x = rng.standard_normal((4, 5)).astype("float32")
+    expected = np.asarray(model(x))
+    scratch = os.path.dirname(next(iter(client.run(_local_directory).values())))
+    real, aside = f"{scratch}.real-{os.getpid()}", f"{PAYLOAD_FOLDER}.aside-{os.getpid()}"
+    os.rename(scratch, real)
+    had = os.path.isdir(os.path.join(real, PAYLOAD_FOLDER))
+    if had:  # earlier tests' payload folder, ours: set aside meanwhile
+        os.rename(os.path.join(real, PAYLOAD_FOLDER), os.path.join(real, aside))
+    os.symlink(real, scratch)  # the workers' paths now go through the other user's link
+    os.chown(scratch, other_user().pw_uid, other_user().pw_gid, follow_symlinks=False)
+    try:
+        with ship(client, model) as handle:
+            for worker in sorted(client.scheduler_info()["workers"]):
+                got, _ = _on(client, worker, _predict_shipped, handle, x)
+                np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+            assert not os.path.exists(os.path.join(real, PAYLOAD_FOLDER))
+    finally:
+        os.remove(scratch)
+        os.rename(real, scratch)
+        if had:
+            os.rename(os.path.join(scratch, aside), os.path.join(scratch, PAYLOAD_FOLDER))
+
+
 def test_a_hosts_payload_file_swapped_after_it_was_written_is_refused(client, rng):
     """The host's payload file, written by the first worker, replaced by another model's
     payload of the same size: the second worker refuses it by its digest, naming the
     file, instead of scoring with those weights."""
-    from tests.test_channel_trust import _same_size_other_weights
+    from tests.channel.test_trust import _same_size_other_weights
 
     model = models.mlp(5, 4, 3)
     x = rng.standard_normal((4, 5)).astype("float32")

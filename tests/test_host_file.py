@@ -391,3 +391,48 @@ def test_a_full_executor_folder_scores_from_memory(spark, tmp_path):
                 assert not m["shared"] and f"in the folder '{folder}'" in m["shared_fallback"], m
             bm.destroy()
         assert not [n for n in os.listdir(folder) if ".tmp-" in n or n.endswith(".skp")]
+
+
+# --- the folder holding a payload folder (Dask's scratch folder) -------------------------
+
+def test_a_holder_that_is_another_users_link_is_refused_and_nothing_is_made(tmp_path):
+    """The audit's Dask attack: in a sticky folder all write (Dask's temporary-directory),
+    the other user made ``dask-scratch-space`` a symbolic link to another sticky folder of
+    root's; the holder was judged through the link (``os.stat``) and taken, and the link's
+    owner, re-pointing it, had 61 of 400 builds load its model. Now the link is judged
+    itself: another user's is refused, naming it, before anything is made behind it; the
+    user's own link to a folder that passes is taken."""
+    from spark_keras.errors import LocalWriteError
+    from spark_keras.private_folder import private_folder
+    from tests.other_user import NAME, other_user
+
+    shared, target = tmp_path / "tmp", tmp_path / "vartmp"
+    for folder in (shared, target):
+        folder.mkdir()
+        os.chmod(folder, 0o1777)
+    link = shared / "dask-scratch-space"
+    link.symlink_to(target)
+    os.chown(link, other_user().pw_uid, other_user().pw_gid, follow_symlinks=False)
+    with pytest.raises(LocalWriteError, match=f"the folder '{link}' is a symbolic link owned "
+                                              f"by user '{NAME}', who may point it elsewhere"):
+        private_folder(str(link / host_file.FOLDER_NAME), holder=True)
+    assert os.listdir(target) == []
+    os.chown(link, os.geteuid(), os.getegid(), follow_symlinks=False)  # the user's own link
+    private_folder(str(link / host_file.FOLDER_NAME), holder=True)
+    assert os.listdir(target) == [host_file.FOLDER_NAME]
+
+
+def test_a_holder_of_another_user_is_refused_before_anything_is_made_in_it(tmp_path):
+    """A payload folder asked for in another user's folder: refused, naming the holder,
+    with nothing made in it (the folder used to be made first, then refused)."""
+    from spark_keras.errors import LocalWriteError
+    from spark_keras.private_folder import private_folder
+    from tests.other_user import NAME, other_user
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user().pw_uid, other_user().pw_gid)
+    with pytest.raises(LocalWriteError, match=f"the folder '{theirs}' \\(holding .*\\) is owned "
+                                              f"by user '{NAME}', who may replace what it holds"):
+        private_folder(str(theirs / host_file.FOLDER_NAME), holder=True)
+    assert os.listdir(theirs) == []

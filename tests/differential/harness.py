@@ -1,5 +1,5 @@
 """A case through the engine (no Spark: ``score`` and a front-end's conversion of its
-outputs, as ``tests/test_engine.py`` drives it), and :func:`check`: every difference from
+outputs, as ``tests/inference/test_engine.py`` drives it), and :func:`check`: every difference from
 the oracle (:mod:`.oracle`), as one ``AssertionError`` listing them.
 
 What is checked: the row count; under ``on_invalid="null"`` exactly which rows are null

@@ -20,7 +20,7 @@ from spark_keras.channel import version_server
 from spark_keras.inference import predictor_for
 from tests import models
 from tests.conftest import DAEMON, REPO_ROOT
-from tests.test_spark_streaming import executor_state
+from tests.spark.test_streaming import executor_state
 
 
 def _frame(spark, x):

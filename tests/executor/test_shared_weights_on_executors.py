@@ -15,7 +15,7 @@ from spark_keras.executor.transport.executor_file import executor_folder
 from spark_keras.payload import host_file
 from tests import models
 from tests.conftest import builds_by_worker, make_spark, worker_cache_infos
-from tests.test_spark_cluster import observations
+from tests.spark.test_cluster import observations
 
 
 @pytest.fixture(scope="module")

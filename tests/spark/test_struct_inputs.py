@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql.functions import col, struct
 
 import spark_keras as sk
-from tests.test_spark_inputs import pandas_fallback
+from tests.spark.test_inputs import pandas_fallback
 
 DATA = np.arange(0, 1000, dtype=np.float64).reshape(-1, 4)
 COLUMNS = ["a", "b", "c", "d"]

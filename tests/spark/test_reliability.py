@@ -14,7 +14,7 @@ import spark_keras as sk
 from spark_keras.executor.transport.broadcast import BroadcastTransport
 from tests import models
 from tests.conftest import builds_by_worker, make_spark, run_script, worker_cache_infos
-from tests.test_payload_integrity import rewrite_header
+from tests.payload.test_integrity import rewrite_header
 
 CACHE_LIMIT = 3
 SLOTS = 2  # local[2]: at most two Python workers per pool (SQL, RDD) build a model

@@ -31,7 +31,7 @@ from spark_keras.channel.version_server import Server
 from spark_keras.channel.versions import Schedule, Version
 from spark_keras.errors import SparkKerasError
 from spark_keras.executor import task_version
-from tests.test_channel_security import _hold_the_cap, _model, blind  # noqa: F401 (a fixture)
+from tests.channel.test_security import _hold_the_cap, _model, blind  # noqa: F401 (a fixture)
 
 
 @pytest.fixture

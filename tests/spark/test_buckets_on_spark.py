@@ -19,7 +19,7 @@ from spark_keras.ml import KerasTransformer
 from tests import models
 from tests.conftest import run_score_job
 from tests.conftest import submit_score_job as submit
-from tests.test_buckets import alone, max_pooled, rows_of, two_sequences_model
+from tests.inference.test_buckets import alone, max_pooled, rows_of, two_sequences_model
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -2,7 +2,7 @@
 Connect, and the whole budget on Connect (count, fraction) with the server in a process
 of its own, as in a real deployment: the client learns the stages' tasks from the
 server's progress messages, not from a SparkContext (fast cases on the shared classic
-session: tests/test_job_budget.py)."""
+session: tests/spark/test_job_budget.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import spark_keras as sk
 from tests.conftest import REPO_ROOT, local_connect_server, make_spark
 from tests.models import mlp
-from tests.test_job_budget import N_FEATURES, PARTITIONS, ROWS, frame, passed
+from tests.spark.test_job_budget import N_FEATURES, PARTITIONS, ROWS, frame, passed
 
 pytestmark = [pytest.mark.timeout(900)]
 

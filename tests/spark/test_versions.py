@@ -18,9 +18,9 @@ from spark_keras.channel.scopes import scope_of
 from spark_keras.channel.versions import Schedule, Version
 from spark_keras.inference import predictor_for
 from tests import models
+from tests.channel.test_security import _model
 from tests.conftest import builds_by_worker
-from tests.test_channel_security import _model
-from tests.test_spark_streaming import Source, executor_state
+from tests.spark.test_streaming import Source, executor_state
 
 # --- the schedule (no Spark) ----------------------------------------------------------
 

@@ -19,8 +19,8 @@ from spark_keras.cache import read_build_log
 from spark_keras.errors import ArgumentError, ArgumentTypeError
 from spark_keras.executor import resources
 from tests import models
-from tests import test_spark_daemon as daemon_tests
 from tests.conftest import DAEMON, daemon_reports, make_spark, preloaded_daemons
+from tests.executor import test_daemon as daemon_tests
 
 # a local-cluster[2,2,1024] with fake GPUs of its own: about 75 s in all
 pytestmark = pytest.mark.slow

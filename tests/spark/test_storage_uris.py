@@ -208,7 +208,7 @@ def test_s3_models_are_read_by_the_executor_once_and_match_bit_for_bit(spark, bu
 def test_a_model_changed_or_damaged_in_storage_is_refused(spark, s3):
     """A model file replaced, damaged or deleted in storage since the driver read it is not
     the job's model: the workers refuse it and read the version the job was planned with
-    from the driver's copy instead (tests/test_spark_versions.py); reading the file itself
+    from the driver's copy instead (tests/spark/test_versions.py); reading the file itself
     names what is wrong with it."""
     df = spark.createDataFrame([(1, [1.0, 2.0, 3.0, 4.0])], "id long, f array<float>")
     original = sk.dumps(models.mlp(4, 8, 1))

@@ -271,10 +271,10 @@ def test_an_artifact_handle_removes_a_released_uri_models_files(connect, tmp_pat
 
 @pytest.mark.slow  # 11 s of make test's 15 min
 def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tmp_path):
-    """As on classic Spark (tests/test_spark_versions.py): the workers ask this client
+    """As on classic Spark (tests/spark/test_versions.py): the workers ask this client
     process which version each micro-batch scores with, and read new versions from it."""
-    from tests.test_spark_streaming import Source
-    from tests.test_spark_versions import _assert_scored_by, _sink, _stream
+    from tests.spark.test_streaming import Source
+    from tests.spark.test_versions import _assert_scored_by, _sink, _stream
 
     versions = [models.mlp(n_features=8, hidden=16, name=f"c{i}") for i in range(3)]
     source = Source(tmp_path / "in")
@@ -298,7 +298,7 @@ def test_a_running_stream_on_connect_takes_updates_without_a_restart(connect, tm
 
 
 def test_keyed_models_on_connect(connect):
-    from tests.test_spark_keyed import _assert_exact, _frame, _rows
+    from tests.spark.test_keyed import _assert_exact, _frame, _rows
 
     by_key = {k: models.mlp(n_features=4, hidden=8, name=f"model_{k}") for k in ("a", "b", "c")}
     km = sk.KeyedModels(connect, by_key)

@@ -2,7 +2,7 @@
 (``--invalid-output``, ``--drop-invalid``), invalid rows counted by class of reason in
 the metrics, ``--output-format``, ``--partition-by`` and ``--output-table``, each with
 ``--resume``. The job's Python entry point (``score_run.score``) runs in the shared
-session, as in tests/test_score_resume.py."""
+session, as in tests/jobs/test_score_resume.py."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from spark_keras.jobs.score.manifest import difference
 from spark_keras.jobs.score.run import score
 from spark_keras.spark.paths import HadoopPaths
 from tests import models
+from tests.jobs.test_score_resume import refusal
 from tests.test_score_lease import _holder
-from tests.test_score_resume import refusal
 
 ROWS = 40  # per input file
 FILES = 4  # k=0/part-0, k=0/part-1, k=1/part-2, k=1/part-3

@@ -154,7 +154,7 @@ def test_transform_with_an_in_place_preprocess_scores_the_rows_as_read(spark):
         np.testing.assert_allclose(got, _expected(model, np.delete(x, 37) - 1).ravel(), atol=1e-5)
         with pytest.raises(Exception) as info:
             bm.transform(df, "x").collect()
-        assert "PreprocessError: the preprocess function tests.test_isolation_review." \
+        assert "PreprocessError: the preprocess function tests.inference.test_isolation_edge_cases." \
                "shift_in_place raised on row 37 of this batch (column 'x'): ValueError: x below 1" \
                in str(info.value), str(info.value)[:3000]
     finally:

@@ -1,7 +1,7 @@
 """The driver's ledger of ``max_invalid`` budgets counted over an action
 (:mod:`spark_keras.channel.budget_ledger`), fed reports directly, against the stages of a
 real local[2] Spark job that runs while the reports come (its tasks wait); the reports
-over the real channel, from real tasks: tests/test_job_budget.py."""
+over the real channel, from real tasks: tests/spark/test_job_budget.py."""
 
 from __future__ import annotations
 

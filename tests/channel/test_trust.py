@@ -46,9 +46,9 @@ from spark_keras.inference import predictor_for
 from spark_keras.payload import host_file
 from spark_keras.payload.shipment import Shipment
 from tests import models
+from tests.channel.test_security import _model
 from tests.conftest import REPO_ROOT, build_records, run_script
 from tests.relay import Relay
-from tests.test_channel_security import _model
 
 
 class StallingRelay(Relay):

@@ -73,7 +73,7 @@ from hypothesis.stateful import (
 import spark_keras as sk
 from spark_keras.channel import version_server
 from tests import conftest
-from tests.test_spark_streaming import executor_state
+from tests.spark.test_streaming import executor_state
 
 ROWS, PARTITIONS = 8, 2
 KINDS = ("broadcast", "driver", "watched")  # ship="auto" (a broadcast), ship="driver", a URI

@@ -1,6 +1,6 @@
 """``max_invalid`` over every task of an action (``max_invalid_scope="action"``): the
 tasks report their counts to the driver's ledger over its channel (real local Spark, the
-shared session; task retries: tests/test_job_budget_retries.py; Spark Connect:
+shared session; task retries: tests/spark/test_job_budget_retries.py; Spark Connect:
 tests/test_job_budget_connect.py)."""
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ def test_preprocess_runs_in_the_workers_before_the_model(spark):
     np.testing.assert_allclose(np.array(got[:2] + got[3:]), want[[0, 1, 3]], atol=1e-5)
     failing = sk.BroadcastModel(spark, model, preprocess=_fails)
     try:
-        with pytest.raises(Exception, match=r"the preprocess function tests.test_spark_real_inputs."
+        with pytest.raises(Exception, match=r"the preprocess function tests.spark.test_real_inputs."
                                             r"_fails raised on row 0 of this batch \(column 'csv'\): "
                                             r"ValueError: cannot parse this"):
             failing.transform(df, "csv").collect()

@@ -1,6 +1,6 @@
 """spark_keras.ml.KerasTransformer: a pyspark.ml stage between Spark's own stages, its
 Params, and PipelineModel save/load (in this process, in a fresh driver process and on
-local-cluster, through jobs/pipeline.py). Spark Connect: tests/test_spark_ml_connect.py."""
+local-cluster, through jobs/pipeline.py). Spark Connect: tests/ml/test_ml_connect.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``error_col`` and ``observe`` on Spark Connect (a real local Connect server; see
-tests/test_operations.py for classic Spark and streaming)."""
+tests/spark/test_operations.py for classic Spark and streaming)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ pytest.importorskip("zstandard")
 
 import spark_keras as sk  # noqa: E402
 from tests.models import mlp  # noqa: E402
-from tests.test_operations import BAD, N_FEATURES, joined, rows_with_bad_ones  # noqa: E402
-from tests.test_spark_connect import worker_caches  # noqa: E402
+from tests.spark.test_connect import worker_caches  # noqa: E402
+from tests.spark.test_operations import BAD, N_FEATURES, joined, rows_with_bad_ones  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # a Connect server of its own: 90 s here
 
@@ -68,7 +68,7 @@ def test_the_score_job_on_connect_resumes_a_partitioned_table_and_its_quarantine
     quarantine hold each row once, the reasons counted."""
     from spark_keras.jobs.score.run import score
     from spark_keras.spark.arrow_paths import ArrowPaths
-    from tests.test_score_outputs import BAD, CLASSES, FILES, ROWS, job_args, predictions, write_data
+    from tests.jobs.test_score_outputs import BAD, CLASSES, FILES, ROWS, job_args, predictions, write_data
 
     data = write_data(tmp_path)
     connect.sql(f"CREATE DATABASE sk_connect_job LOCATION '{tmp_path / 'warehouse'}'")

@@ -11,7 +11,7 @@ import spark_keras as sk
 from spark_keras.inference import predictor_for
 from tests import models
 from tests.conftest import builds_by_worker
-from tests.test_spark_streaming import executor_state
+from tests.spark.test_streaming import executor_state
 
 KEYS = [f"k{i}" for i in range(12)]
 ROWS_PER_KEY = 25

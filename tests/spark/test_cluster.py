@@ -117,7 +117,7 @@ def test_an_update_and_keyed_models_cross_executors(cluster, build_log):
     """Both executors ask the driver for the version and read version 2 from it (a
     DataFrame planned before the update scores with it, exactly); KeyedModels' models,
     read from the driver by the executors that meet their keys, score exactly too."""
-    from tests.test_spark_keyed import _assert_exact, _frame, _rows
+    from tests.spark.test_keyed import _assert_exact, _frame, _rows
 
     v1, v2 = (models.mlp(n_features=4, hidden=8, name=f"cross{i}") for i in (1, 2))
     rows = _rows(["a", "b", "c"], seed=5)

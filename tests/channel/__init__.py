@@ -1,0 +1,1 @@
+"""The driver's channel: bounds, TLS, token scopes, answers, pins, budgets' ledger."""

@@ -1,0 +1,1 @@
+"""What runs in a Spark Python worker: daemon, resources, the executors' Python."""

@@ -1,0 +1,1 @@
+"""KerasTransformer in Spark ML pipelines, its persistence and Connect."""

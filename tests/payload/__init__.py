@@ -1,0 +1,1 @@
+"""The payload component: format, codec, model files, one file per host."""

@@ -1,0 +1,1 @@
+"""The Spark front-ends: BroadcastModel, transform, UDF, partitions, KeyedModels, versions."""
