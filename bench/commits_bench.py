@@ -78,8 +78,8 @@ def _args(work: str, mode: str, out: str) -> argparse.Namespace:
 
 def _run(spark, work: str, mode: str, total: int, groups: int) -> tuple[float, int]:
     """Seconds of one job run in ``mode`` and the progress lines it logged (figures checked)."""
+    from spark_keras.jobs.score.files import HadoopPaths
     from spark_keras.jobs.score.run import score
-    from spark_keras.spark.paths import HadoopPaths
 
     out = os.path.join(work, f"out-{time.monotonic_ns()}")
     args = _args(work, mode, out)

@@ -392,7 +392,7 @@ def test_importing_the_engine_package_leaves_pyarrow_unloaded(module):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     code = f"import sys, {module}; print(sorted(m for m in ('pyarrow', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=root)).stdout

@@ -378,7 +378,8 @@ def test_connect_path_never_touches_the_jvm():
     assert jvm_users(tree_of("jobs", "score", "errors.py")) == set()
     assert jvm_users(tree_of("jobs", "score", "session.py")) == {"classic_session"}
     assert jvm_users(tree_of("spark", "paths.py")) == {"hadoop_filesystem"}
-    arrow = tree_of("spark", "arrow_paths.py")  # Connect's paths: no JVM, nor Hadoop's
+    assert jvm_users(tree_of("jobs", "score", "files.py")) == set()  # through hadoop_filesystem
+    arrow = tree_of("jobs", "score", "arrow_paths.py")  # Connect's paths: no JVM, nor Hadoop's
     assert jvm_users(arrow) == set()
     used = {n.id for n in ast.walk(arrow) if isinstance(n, ast.Name)} | {
         a.name for n in ast.walk(arrow) if isinstance(n, ast.ImportFrom) for a in n.names}

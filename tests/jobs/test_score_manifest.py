@@ -10,10 +10,10 @@ import re
 
 import pytest
 
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.manifest import OPTIONS, difference, file_sha256, plan
 from spark_keras.jobs.score.run import manifest_options
-from spark_keras.spark.arrow_paths import ArrowPaths
 from tests.conftest import REPO_ROOT
 
 # a changed value of each option the README refuses: (both runs', the second run's) options

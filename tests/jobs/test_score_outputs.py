@@ -24,13 +24,13 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.files import HadoopPaths
 from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.manifest import difference
 from spark_keras.jobs.score.run import score
-from spark_keras.spark.paths import HadoopPaths
 from tests import models
+from tests.jobs.test_score_lease import _holder
 from tests.jobs.test_score_resume import refusal
-from tests.test_score_lease import _holder
 
 ROWS = 40  # per input file
 FILES = 4  # k=0/part-0, k=0/part-1, k=1/part-2, k=1/part-3

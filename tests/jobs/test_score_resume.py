@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.errors import JobError, outcome
+from spark_keras.jobs.score.files import HadoopPaths, glob_escaped, join, write_whole
 from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.manifest import difference, list_input, plan_groups
 from spark_keras.jobs.score.run import score
-from spark_keras.spark.arrow_paths import ArrowPaths
-from spark_keras.spark.paths import HadoopPaths, glob_escaped, join, write_whole
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
 

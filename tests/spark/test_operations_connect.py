@@ -66,8 +66,8 @@ def test_the_score_job_on_connect_resumes_a_partitioned_table_and_its_quarantine
     ``--output-table`` with ``--resume``, ``--partition-by`` and ``--invalid-output``; a
     rerun after the last group was lost scores that group only; the table and the
     quarantine hold each row once, the reasons counted."""
+    from spark_keras.jobs.score.arrow_paths import ArrowPaths
     from spark_keras.jobs.score.run import score
-    from spark_keras.spark.arrow_paths import ArrowPaths
     from tests.jobs.test_score_outputs import BAD, CLASSES, FILES, ROWS, job_args, predictions, write_data
 
     data = write_data(tmp_path)

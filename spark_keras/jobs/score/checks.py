@@ -15,8 +15,8 @@ from typing import Iterator
 from spark_keras.errors import ArgumentError, StorageError
 from spark_keras.inference.options import FLAGS, check_buckets, check_error_col, check_max_invalid
 from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.files import Paths
 from spark_keras.jobs.score.manifest import has_commit_log
-from spark_keras.spark.paths import Paths
 
 __all__ = ["path_errors", "check_paths", "check_options", "check_apart"]
 

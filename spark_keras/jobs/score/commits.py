@@ -52,11 +52,11 @@ from typing import Any, Callable
 
 from spark_keras.jobs.score import trust
 from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.files import join, write_whole
 from spark_keras.jobs.score.lease import Leases
 from spark_keras.jobs.score.manifest import FORMAT, MANIFEST, Plan, list_input, read_log_file, utc_time
 from spark_keras.jobs.score.progress import Heartbeat, Progress
 from spark_keras.spark.figures import reasons_observed
-from spark_keras.spark.paths import join, write_whole
 
 __all__ = ["run_groups"]
 

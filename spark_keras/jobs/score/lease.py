@@ -42,8 +42,8 @@ import uuid
 from typing import Any, Iterable
 
 from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.files import Paths, join, write_whole
 from spark_keras.jobs.score.trust import foreign_owner, make_folder, trusted
-from spark_keras.spark.paths import Paths, join, write_whole
 
 __all__ = ["Lease", "Leases", "lease_folder", "BEAT_SECONDS", "STALE_SECONDS"]
 

@@ -33,7 +33,7 @@ from typing import Sequence
 from spark_keras import storage
 from spark_keras.jobs.score import trust
 from spark_keras.jobs.score.errors import JobError
-from spark_keras.spark.paths import Paths, join, listed_by_spark
+from spark_keras.jobs.score.files import Paths, join, listed_by_spark
 
 __all__ = ["DEFAULT_COMMIT_BYTES", "FORMAT", "LOG", "MANIFEST", "OPTIONS", "Plan", "plan",
            "plan_groups", "difference", "file_sha256", "has_commit_log", "list_input",

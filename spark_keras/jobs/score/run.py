@@ -22,15 +22,15 @@ from spark_keras.inference.buckets import checked
 from spark_keras.inference.options import FLAGS
 from spark_keras.jobs.score import commits, manifest
 from spark_keras.jobs.score import outputs as outputs_
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.checks import check_apart, check_options, check_paths, path_errors
 from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.files import HadoopPaths, Paths, glob_escaped
 from spark_keras.jobs.score.lease import Leases
 from spark_keras.jobs.score.outputs import Outputs
 from spark_keras.jobs.score.progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
-from spark_keras.spark.arrow_paths import ArrowPaths
 from spark_keras.spark.figures import reasons_observed
-from spark_keras.spark.paths import HadoopPaths, Paths, glob_escaped
 
 __all__ = ["run", "score", "manifest_options"]
 

@@ -27,9 +27,10 @@ import re
 from typing import Any
 
 from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.files import HadoopPaths, Paths, failing, join
 from spark_keras.private_folder import Unsafe, unsafe, unsafe_holder, user_name
 from spark_keras.private_folder import make_folder as make_local_folder
-from spark_keras.spark.paths import HadoopPaths, Paths, failing, file_uri_path, hadoop_filesystem, join, scheme
+from spark_keras.spark.paths import file_uri_path, hadoop_filesystem, scheme
 
 __all__ = ["STAGING", "trusted", "hadoop_owner", "foreign_owner", "make_folder", "check_record",
            "inside", "published", "staged", "move_into", "remove"]

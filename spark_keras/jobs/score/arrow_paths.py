@@ -1,5 +1,5 @@
 """Spark Connect's paths: :class:`ArrowPaths`, the score job's file operations
-(:class:`~spark_keras.spark.paths.Paths`) with ``pyarrow.fs`` on the client, which has no
+(:class:`~spark_keras.jobs.score.files.Paths`) with ``pyarrow.fs`` on the client, which has no
 JVM to ask. Plain paths are local ones; a URI is opened by ``pyarrow.fs``.
 """
 
@@ -9,7 +9,8 @@ import os
 from typing import Any
 
 from spark_keras.errors import StorageError
-from spark_keras.spark.paths import Entry, failing, local_place, scheme
+from spark_keras.jobs.score.files import Entry, failing, local_place
+from spark_keras.spark.paths import scheme
 
 __all__ = ["ArrowPaths"]
 

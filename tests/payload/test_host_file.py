@@ -323,7 +323,7 @@ def _user(folder: str, owner: subprocess.Popen) -> subprocess.Popen:
     """A process using ``folder``'s file of model "m", on behalf of ``owner``."""
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     proc = subprocess.Popen([sys.executable, "-c", _USER, folder, str(owner.pid)], env=env,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"

@@ -22,13 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.errors import JobError, outcome
+from spark_keras.jobs.score.files import HadoopPaths
 from spark_keras.jobs.score.lease import Lease, lease_folder
 from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.run import score
 from spark_keras.jobs.score.trust import hadoop_owner
-from spark_keras.spark.arrow_paths import ArrowPaths
-from spark_keras.spark.paths import HadoopPaths
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
 from tests.other_user import NAME, as_other_user, give_to_other_user, other_user
@@ -348,7 +348,7 @@ _TAKE = """
 import sys
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.lease import Lease
-from spark_keras.spark.arrow_paths import ArrowPaths
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 try:
     with Lease(ArrowPaths(), sys.argv[1]):
         print('took', flush=True)

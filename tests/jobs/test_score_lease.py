@@ -16,9 +16,9 @@ import time
 import pytest
 
 from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.lease import Lease, Leases, lease_folder
-from spark_keras.spark.arrow_paths import ArrowPaths
 from tests.conftest import REPO_ROOT
 
 
@@ -170,7 +170,7 @@ _CLAIM_AND_HOLD = """
 import sys, time
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.lease import Lease
-from spark_keras.spark.arrow_paths import ArrowPaths
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 lease = Lease(ArrowPaths(), sys.argv[1])
 try:
     lease.take()
