@@ -23,7 +23,6 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.jobs.score.arrow_paths import ArrowPaths
-from spark_keras.jobs.score.errors import JobError, outcome
 from spark_keras.jobs.score.files import HadoopPaths
 from spark_keras.jobs.score.lease import Lease, lease_folder
 from spark_keras.jobs.score.main import parse_args
@@ -31,6 +30,7 @@ from spark_keras.jobs.score.run import score
 from spark_keras.jobs.score.trust import hadoop_owner
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
+from tests.jobs.test_score_resume import refusal
 from tests.other_user import NAME, as_other_user, give_to_other_user, other_user
 
 ROWS = 100  # per input file, one file a group
@@ -103,14 +103,6 @@ def moving(out, index: int, **changes) -> dict:
     record.update(changes)
     write_json(log / f"g{index:05d}.moving.json", record)
     return record
-
-
-def refusal(spark, args) -> str:
-    with pytest.raises(JobError) as caught:
-        score(spark, HadoopPaths(spark), args)
-    line, status = outcome(caught.value)
-    assert status == 2 and "\n" not in line, line
-    return line
 
 
 def acl(*writers: int) -> bytes:
