@@ -43,8 +43,11 @@ def test_the_settings_off_for_a_master(master, conf, off):
     ("sc://127.0.0.1:15002", False),
     ("sc://[::1]:15002", False),
 ])
-def test_a_connect_string_without_tls_to_another_host(url, off):
+def test_a_connect_string_without_tls_to_another_host(url, off, monkeypatch):
     pytest.importorskip("grpc")
+    # a local Connect server started earlier in this process leaves its token in the
+    # environment, where every builder takes it (and then uses TLS)
+    monkeypatch.delenv("SPARK_CONNECT_AUTHENTICATE_TOKEN", raising=False)
     from pyspark.sql.connect.client.core import DefaultChannelBuilder
 
     assert exposure.tls_off(DefaultChannelBuilder(url)) is off
