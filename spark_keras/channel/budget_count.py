@@ -93,7 +93,7 @@ class _Stage:
     __slots__ = ("best", "rows", "invalid", "finals")
 
     def __init__(self) -> None:
-        self.best: dict[int, tuple[int, int]] = {}  # partition -> furthest (rows, invalid)
+        self.best: dict[int, tuple[int, int]] = {}  # partition -> furthest (rows, invalid) report
         self.rows = self.invalid = 0
         self.finals: set[int] = set()  # partitions whose last batch was reported
 
@@ -107,8 +107,8 @@ class Count:
         self.stages: dict[int, _Stage] = {}
         self.seen: set[int] = set()  # its stages (kept once its partitions go)
         self.partitions = 0
-        self.rows = 0  # the largest stage's rows...
-        self.invalid = 0  # ... and invalid rows (each stage's only grow)
+        self.rows = 0  # the rows of the stage with the most invalid rows (then rows)...
+        self.invalid = 0  # ... and its invalid rows
         self.reasons: list[str] = []
         self.passed: str | None = None
         self.alone: str | None = None  # why its tasks count alone
@@ -136,11 +136,15 @@ class Count:
         if old is None:
             self.partitions += 1
             old = (0, 0)
-        new = (max(old[0], report.rows), max(old[1], report.invalid))
+        # the furthest report whole (its invalid rows, then its rows): a partition's rows
+        # and invalid rows are one report's, never a forged report's rows beside a task's
+        # invalid rows
+        new = max(old[::-1], (report.invalid, report.rows))[::-1]
         stage.best[report.partition] = new
         stage.rows += new[0] - old[0]
         stage.invalid += new[1] - old[1]
-        self.rows, self.invalid = max(self.rows, stage.rows), max(self.invalid, stage.invalid)
+        # one stage's counts, as they are now (a forged report replaced lowers them)
+        self.invalid, self.rows = max((s.invalid, s.rows) for s in self.stages.values())
         for reason in report.reasons:
             if len(self.reasons) < QUOTED_REASONS:
                 self.reasons.append(reason)

@@ -9,16 +9,18 @@ its tasks report with its own token); ``predict_partition``'s, made in tasks, is
 its limit (an unknown budget: 404), and carries the task's scope (:func:`.scopes.scope_of`),
 stage, partition and attempt, its rows and invalid rows so far, whether its last batch
 was scored, and its first reasons: numbers and at most three short strings, in the query
-string (never a pickle). Its stage must run now (:mod:`.budget_stages`), or it is refused
-(409); one not known yet is not counted (``pending``: a last report asks again, at most
+string (never a pickle). Its stage must run now (:mod:`.budget_stages`), its partition
+be one of the stage's, and (classic Spark) a job of its scope must run that stage, or it
+is refused (409): a token holder files no count for another action or a made-up
+partition. One not known yet is not counted (``pending``: a last report asks again, at most
 :data:`STAGE_COUNT_WAIT` seconds). Spark Connect tells nothing of a stream's stages: there
 a count's reports are not checked, and a fraction counts alone.
 
 Per budget and scope the driver keeps each partition's furthest count in each stage (the
-largest rows and invalid rows any attempt reported for it: retries and speculative copies
+report of any attempt with the most invalid rows, then rows: retries and speculative copies
 count once; no more partitions in a stage than it has tasks), their sum per stage, the
 partitions of each stage whose last batch was reported, and the first reasons. The
-action's count is that of its stage that scored the most rows (of the most invalid ones):
+action's count is that of its stage with the most invalid rows (then rows), as they are:
 a stage that scores the rows again counts once. A fraction is judged by
 :mod:`.budget_fraction`.
 
@@ -123,6 +125,12 @@ class Ledger:
             return self._unknown_stage(where, limit, context, report)
         if not stage.runs:
             raise Refused(409, f"stage {report.stage} does not run on this driver now")
+        if not 0 <= report.partition < stage.partitions:
+            raise Refused(409, f"stage {report.stage} has {stage.partitions} partitions: "
+                               f"no partition {report.partition}")
+        if stage.scopes is not None and scope not in stage.scopes:
+            raise Refused(409, f"stage {report.stage} is not run by {describe(scope)} (or it "
+                               f"does not run)")
         with self._lock:
             count = self._counts.get(where)
             if count is None and not self._room(COUNT_BYTES):

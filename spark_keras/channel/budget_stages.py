@@ -3,7 +3,10 @@ reports name: whether a stage runs now, its number of tasks and how many complet
 
 Classic Spark: whether a stage runs, from its DAG scheduler (a stage of a job that runs
 now: no listener's lag); its tasks, from the status tracker, asked at need.
-Spark Connect: the execution progress the server sends the client every
+A stage's partitions and the scopes of the jobs that run it (the scopes a report of it
+may name, :func:`.scopes.scope_of` of each job's local properties) come from the DAG
+scheduler too; Spark Connect tells neither: there a report's partition and scope are
+not checked against its stage. Spark Connect: the execution progress the server sends the client every
 ``spark.connect.progress.reportInterval`` (:meth:`StageTasks.watch`): a stage is known
 once a progress message names it, and runs until one says it is done. Kept per Spark
 context (stage ids start again in each), at most :data:`StageTasks.KEEP` stages.
@@ -18,7 +21,7 @@ import sys
 import threading
 from typing import Any
 
-from spark_keras.channel.scopes import active_context
+from spark_keras.channel.scopes import SCOPE_PROPERTIES, active_context, in_context, scope_of
 
 logger = logging.getLogger("spark_keras")
 
@@ -27,12 +30,15 @@ PENDING_RETRY = 0.5  # seconds a task waits before it asks the ledger again
 
 @dataclasses.dataclass
 class Stage:
-    """What is known of one stage: ``tasks`` (its first attempt's), ``completed`` tasks
-    and whether it ``runs`` now."""
+    """What is known of one stage: ``tasks`` (its first attempt's), ``completed`` tasks,
+    whether it ``runs`` now, its ``partitions`` and the ``scopes`` (within their context,
+    :func:`.scopes.in_context`) of the jobs that run it (None: not told)."""
 
     tasks: int
     completed: int
     runs: bool
+    partitions: int = sys.maxsize
+    scopes: frozenset[str] | None = None
 
 
 UNCHECKED = Stage(sys.maxsize, 0, True)  # a stage nothing tells of (a stream on Connect)
@@ -65,8 +71,11 @@ class StageTasks:
         if sc is None:  # Spark Connect: what its progress said
             with self._lock:
                 return self._known.get((context, stage))
-        if not _runs(sc, stage):
+        jobs = _jobs_of(sc, stage)
+        if jobs is None and not _runs(sc, stage):
             return Stage(0, 0, False)
+        if jobs is not None and not jobs[1]:
+            return Stage(0, 0, False)  # dropped with its job (or none runs it)
         try:
             info = sc.statusTracker().getStageInfo(stage)
         except Exception as exc:  # a context stopping
@@ -75,7 +84,10 @@ class StageTasks:
         if info is None:
             return None  # its start not posted yet (the listener bus runs behind)
         tasks = self.learn(context, stage, info.numTasks, info.numCompletedTasks)
-        return Stage(tasks, info.numCompletedTasks, True)
+        if jobs is None:
+            return Stage(tasks, info.numCompletedTasks, True)
+        scopes = frozenset(in_context(scope_of(p, stage), context) or "" for p in jobs[1])
+        return Stage(tasks, info.numCompletedTasks, True, jobs[0], scopes)
 
     def runs_any(self, stages: Any) -> bool:
         """True if one of ``stages`` (ids) of the Spark context running now runs."""
@@ -126,6 +138,29 @@ class StageTasks:
             register(self.progress)  # the client keeps one registration per handler
         except Exception as exc:
             logger.debug("cannot watch Spark Connect's progress: %s", exc)
+
+
+def _jobs_of(sc: Any, stage: int) -> tuple[int, list[dict[str, str | None]]] | None:
+    """``stage``'s partitions and the scope properties of each active job that runs it,
+    as classic Spark's DAG scheduler keeps them (no active job: it does not run); None
+    if the scheduler does not say."""
+    try:
+        dag = sc._jsc.sc().dagScheduler()
+        found = dag.stageIdToStage().get(stage)
+        if found.isEmpty():
+            return 0, []
+        known, active, jobs = found.get(), dag.jobIdToActiveJob(), []
+        ids = known.jobIds().toList().iterator()
+        while ids.hasNext():
+            job = active.get(ids.next())
+            if job.isDefined():
+                props = job.get().properties()
+                jobs.append({k: None if props is None else props.getProperty(k)
+                             for k in SCOPE_PROPERTIES})
+        return int(known.numPartitions()), jobs
+    except Exception as exc:  # noqa: BLE001 (Py4J's errors: another Spark, a JVM stopping)
+        logger.debug("the DAG scheduler does not say which jobs run stage %d: %r", stage, exc)
+        return None
 
 
 def _runs(sc: Any, stage: int) -> bool:

@@ -19,8 +19,10 @@ them:
   its stage: :data:`VERDICT_WAIT` at most);
 * the driver's ``passed`` answer raises :class:`~spark_keras.errors.InvalidRowsError`
   with its text (the action's counts and first reasons);
-* a driver that cannot be reached, that refuses the report, or that cannot judge
-  (``alone``), leaves the task counting its own rows (warned once per process and budget).
+* a driver that cannot be reached, or that cannot judge (``alone``), leaves the task
+  counting its own rows (warned once per process and budget); a driver that refuses the
+  report (a partition or stage not the task's, a forgotten budget: a token holder's
+  forged reports may be why) fails the task, which never counts alone then.
 
 A task reports nothing when ``max_invalid`` is None or counted per task, and otherwise
 nothing but its last report (and a fraction's first) while it meets no invalid row.
@@ -44,7 +46,7 @@ from spark_keras.channel import (
 from spark_keras.channel import (
     client as channel_client,
 )
-from spark_keras.errors import ArgumentError, InvalidRowsError, SparkKerasError
+from spark_keras.errors import ArgumentError, ChannelError, InvalidRowsError, SparkKerasError
 from spark_keras.inference.limits import InvalidBudget
 
 logger = logging.getLogger("spark_keras")
@@ -197,12 +199,17 @@ class ActionBudget(InvalidBudget):
             fields["reasons"] = _reasons_field(reasons)
         try:
             answer = channel_client.report(self._spec.address, fields)
-        except SparkKerasError as exc:
+        except ChannelError as exc:
             if self._spec.key not in _warned:
                 _warned.add(self._spec.key)
                 logger.warning("cannot report invalid rows to the driver (%s): this task counts "
                                "its own rows against max_invalid=%r", exc, self.limit)
             return None
+        except SparkKerasError as exc:  # refused: a forger's reports may be why, never alone
+            raise SparkKerasError(f"the driver refused this task's report of its invalid rows "
+                                  f"against max_invalid={self.limit!r} counted over the action "
+                                  f"({exc}); the task does not count its rows alone instead "
+                                  f"(max_invalid_scope='task' does)") from exc
         self._last = time.monotonic()
         if not answer.get("pending"):  # counted (else sent again)
             self._unsent, self._reasons_sent = False, len(self.reasons)

@@ -46,7 +46,10 @@ def running_stage(spark, folder, tasks: int):
         job.join(120)
 
 
-def reporter(ledger: Ledger, stage: int, scope: str = "sql:77"):
+def reporter(ledger: Ledger, stage: int, scope: str | None = None):
+    """Reports of ``stage`` under ``scope`` (the stage's own RDD job's if None)."""
+    scope = scope or f"stage:{stage}"
+
     def report(key, partition, rows, invalid, final=False, attempt=0, reasons=()):
         return ledger.answer(Report(key, scope, stage, partition, attempt, rows, invalid, final,
                                     tuple(reasons)))
@@ -56,7 +59,8 @@ def reporter(ledger: Ledger, stage: int, scope: str = "sql:77"):
 def test_the_ledger_counts_each_partition_once_in_a_running_stage(spark, tmp_path):
     """Two attempts of one partition (a retry, a speculative copy) count once, their
     furthest; a count passes at once and stays passed; a fraction is judged once both
-    tasks of the stage reported; no more partitions than the stage has tasks; the limit
+    tasks of the stage reported; no partition the stage has not, no stage of another
+    scope; the limit
     is the registered one; unregistered budgets and malformed reports are refused; a
     stage that ended or was never made is refused."""
     ledger = Ledger()
@@ -69,8 +73,8 @@ def test_the_ledger_counts_each_partition_once_in_a_running_stage(spark, tmp_pat
         assert "passed" not in report("k", 0, 200, 5, attempt=1)  # further: 5
         answer = report("k", 1, 10, 1, reasons=["row 9 NaN"])
         assert answer["passed"].startswith(
-            "max_invalid=5 passed: 6 of 210 rows (2.86%) scored by the tasks of SQL execution "
-            "77 were invalid so far; the first: row 1 NaN; row 9 NaN")
+            f"max_invalid=5 passed: 6 of 210 rows (2.86%) scored by the tasks of the job of "
+            f"stage {stage} were invalid so far; the first: row 1 NaN; row 9 NaN")
         assert report("k", 1, 0, 0)["passed"] == answer["passed"]  # every later report
         # a fraction: each task reports as it begins; judged once both reported their last
         # batch; a task over it alone in its stage (the other not begun) waits
@@ -81,8 +85,10 @@ def test_the_ledger_counts_each_partition_once_in_a_running_stage(spark, tmp_pat
         assert report("g", 1, 0, 0) == {"reasons": True}
         assert report("g", 0, 900, 50, final=True) == {"reasons": True}
         assert "passed" not in report("g", 1, 100, 0, final=True)  # 5%
-        with pytest.raises(Refused, match="2 tasks: partition 2 is one too many"):
+        with pytest.raises(Refused, match="2 partitions: no partition 2"):
             report("g", 2, 1, 0)
+        with pytest.raises(Refused, match=f"stage {stage} is not run by SQL execution 77"):
+            reporter(ledger, stage, "sql:77")("g", 0, 1, 0)  # not its scope's stage
         with pytest.raises(Refused, match="no max_invalid budget of that name"):
             report("never-registered", 0, 1, 1)
         assert ledger.limit_of("p.Model-1.20", handle="Model-1") == 20
@@ -119,15 +125,15 @@ def test_a_full_ledger_makes_a_budget_count_alone_and_never_resets_it(
         for partition in range(3):
             assert report("a", partition, 10, 3) == {"reasons": True}
         assert report("a", 3, 10, 3) == no_room
-        assert "max_invalid=100 cannot be judged over SQL execution 77: no room" in caplog.text
+        assert f"max_invalid=100 cannot be judged over the job of stage {stage}: no room" in caplog.text
         assert report("a", 0, 10, 3) == no_room  # never counted anew
         assert report("b", 0, 10, 3) == no_room  # a new budget finds none either
         assert "passed" in report("c", 1, 10, 0)
     monkeypatch.setattr(budget_ledger, "IDLE", 0.0)
     with running_stage(spark, tmp_path / "two", 8) as other:
         for partition in range(4):  # the ended action's counts go to make room
-            assert reporter(ledger, other, "sql:78")("d", partition, 10, 3) == {"reasons": True}
-    report = reporter(ledger, other)  # the ended action's budgets: their verdicts stay
+            assert reporter(ledger, other)("d", partition, 10, 3) == {"reasons": True}
+    report = reporter(ledger, other, f"stage:{stage}")  # the ended action's budgets: their verdicts stay
     assert "passed" in report("c", 2, 10, 0)
     assert report("a", 1, 10, 0) == no_room
     assert report("e", 1, 10, 0) == {"alone": "its action had ended: its count went to "

@@ -256,3 +256,84 @@ def test_a_stream_counts_each_micro_batch(spark, bm, tmp_path):
     assert over.exception() is not None
     assert re.search(r"max_invalid=5 passed: 6 of 100 rows .* micro-batch 0 of streaming query",
                      str(over.exception())), str(over.exception())[-2000:]
+
+
+def forging(address, key: str, counts: str, partitions=None, scopes=None):
+    """A ``mapInPandas`` function whose tasks first file forged reports for budget ``key``
+    in their stage (a token holder's): ``counts`` for each of ``partitions`` (the task's
+    own if None) under each of ``scopes`` (the task's own if None); refusals ignored."""
+    def run(batches):
+        import contextlib
+
+        from pyspark import TaskContext
+
+        from spark_keras.channel import client as channel_client
+        from spark_keras.errors import SparkKerasError
+        from spark_keras.executor.task_version import task_scope
+
+        context, own = TaskContext.get(), task_scope()[1]
+        for scope in scopes(own) if scopes else [own]:
+            for partition in partitions or [context.partitionId()]:
+                with contextlib.suppress(SparkKerasError):
+                    channel_client.report(address, {
+                        "name": key, "scope": scope, "counts": counts, "final": "0",
+                        "task": f"{context.stageId()}.{partition}.0"})
+        yield from batches
+
+    return run
+
+
+def test_made_up_partitions_take_no_slot_of_a_stage(spark, bm):
+    """A token holder's reports of made-up partitions 10**6+ while the action's stage runs
+    are refused: before, they filled the stage's 8 slots, every task's report was refused
+    ('one too many'), each task counted alone and 24 invalid rows passed max_invalid=20."""
+    df = frame(spark, [3] * PARTITIONS)
+    column, key, address = new_budget(
+        lambda: bm.predict_udf(on_invalid="null", max_invalid=20)("features").alias("prediction"))
+    squat = df.mapInPandas(forging(address, key, "0.0", range(10**6, 10**6 + PARTITIONS)),
+                           df.schema)
+    with pytest.raises(Exception, match=r"max_invalid=20 passed: 2[1-4] of"):
+        squat.select("id", column).collect()
+
+
+def test_a_refused_report_fails_the_task_never_counts_alone(spark, bm):
+    """A budget the driver no longer knows (404): the task fails naming the refusal; before,
+    it counted alone and 24 invalid rows in 8 tasks passed max_invalid=20."""
+    column, key, _ = new_budget(
+        lambda: bm.predict_udf(on_invalid="null", max_invalid=20)("features").alias("prediction"))
+    del budget_ledger.ledger._budgets[key]
+    with pytest.raises(Exception, match=r"the driver refused this task's report .*404"):
+        frame(spark, [3] * PARTITIONS).select("id", column).collect()
+
+
+def test_a_report_counts_only_in_the_scope_that_runs_its_stage(spark, bm):
+    """A token holder files, from another job's running stage, 1000 invalid rows under the
+    next SQL executions' scopes (sql:<n+1>...): refused; before, the count was kept, passed
+    max_invalid=20 at once and a clean action later failed with that verdict."""
+    column, key, address = new_budget(
+        lambda: bm.predict_udf(on_invalid="null", max_invalid=20)("features").alias("prediction"))
+
+    def future(own: str) -> list[str]:
+        number = int(own.rpartition(":")[2])
+        return [f"sql:{n}" for n in range(number + 1, number + 20)]
+
+    poison = spark.range(0, 2, 1, 2).mapInPandas(
+        forging(address, key, "1000.1000", scopes=future), "id long")
+    assert len(poison.collect()) == 2
+    clean = frame(spark, [0] * PARTITIONS).select("id", column)
+    assert clean.where("prediction is null").count() == 0
+    with pytest.raises(Exception, match=r"max_invalid=20 passed: 2[1-4] of"):
+        frame(spark, [3] * PARTITIONS).select("id", column).collect()
+
+
+def test_a_partitions_rows_and_invalid_rows_are_one_reports(spark, bm):
+    """A token holder reports rows=10**18 with no invalid row for each partition of the
+    action's own stage and scope: each task's own report (250 of 500 invalid) replaces it;
+    before, the largest rows and invalid rows were kept apart and 50% passed 0.1."""
+    column, key, address = new_budget(
+        lambda: bm.predict_udf(on_invalid="null", max_invalid=0.1)("features").alias("prediction"))
+    df = frame(spark, [ROWS // 2] * PARTITIONS)
+    forged = df.mapInPandas(forging(address, key, "999999999999999999.0"), df.schema)
+    with pytest.raises(Exception) as raised:
+        forged.select("id", column).collect()
+    assert passed(raised.value)[0] == "0.1"
