@@ -61,6 +61,7 @@ logger = logging.getLogger("spark_keras")
 
 MAX_BYTES = 64 << 20
 IDLE = 30.0  # seconds without a report after which an ended action's count may go
+ROOM_CHECKS = 16  # idle counts asked of Spark (a JVM call each) per report that needs room
 MAX_ENDED = 4096  # verdicts kept of the counts that went
 MAX_BUDGETS = 1 << 16  # budgets registered (the least recently used forgotten)
 STAGE_COUNT_WAIT = 8.0  # seconds a last report waits for its stage to be known
@@ -186,10 +187,11 @@ class Ledger:
         the lock)."""
         if self._bytes + needed <= MAX_BYTES:
             return True
-        now = time.monotonic()
+        now, checks = time.monotonic(), ROOM_CHECKS  # under the lock: a bounded number of JVM calls
         for where, count in list(self._counts.items()):  # the least recently reported first
-            if self._bytes + needed <= MAX_BYTES or now - count.touched < IDLE:
+            if self._bytes + needed <= MAX_BYTES or now - count.touched < IDLE or not checks:
                 break
+            checks -= 1
             if self._stages.runs_any(count.seen):
                 continue
             del self._counts[where]

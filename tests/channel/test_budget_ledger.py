@@ -138,3 +138,27 @@ def test_a_full_ledger_makes_a_budget_count_alone_and_never_resets_it(
     assert report("a", 1, 10, 0) == no_room
     assert report("e", 1, 10, 0) == {"alone": "its action had ended: its count went to "
                                               "make room"}
+
+
+def test_a_report_needing_room_asks_spark_about_a_bounded_number_of_counts(
+        spark, tmp_path, monkeypatch):
+    """A full ledger of idle counts whose stage still runs (a token holder's flood, or many
+    budgets of a long action): a report that needs room asks Spark whether their actions
+    ended for at most ROOM_CHECKS of them (a JVM call each, under the ledger's lock, which
+    every other report and the channel's threads wait for), then counts alone."""
+    ledger = Ledger()
+    keys = [f"k{i}" for i in range(40)]
+    for key in keys + ["late"]:
+        ledger.register(key, 100)
+    monkeypatch.setattr(budget_ledger, "MAX_BYTES",
+                        len(keys) * (budget_ledger.COUNT_BYTES + budget_ledger.PARTITION_BYTES))
+    with running_stage(spark, tmp_path / "run", 8) as stage:
+        report = reporter(ledger, stage)
+        for key in keys:
+            assert report(key, 0, 10, 1) == {"reasons": True}
+        monkeypatch.setattr(budget_ledger, "IDLE", 0.0)
+        asked = []
+        runs_any = ledger._stages.runs_any
+        monkeypatch.setattr(ledger._stages, "runs_any", lambda seen: asked.append(seen) or runs_any(seen))
+        assert report("late", 0, 10, 1) == {"alone": "no room for its count"}
+        assert 0 < len(asked) <= budget_ledger.ROOM_CHECKS, len(asked)
