@@ -11,7 +11,7 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from spark_keras.channel import version_server
+from spark_keras.channel.client import Address
 from spark_keras.errors import SparkKerasError
 from spark_keras.executor import driver_payload, resources, task_model, task_version
 from spark_keras.executor.transport.base import Transport
@@ -92,7 +92,7 @@ class BroadcastModel(ModelHandle):
     # set by broadcast_shipping (state shared with broadcast_versions, broadcast_lifecycle,
     # executor.task_model and executor.task_version, which take the handle)
     _transport: Transport  # how version 1's payload reaches the executors
-    _versions: version_server.Address | None  # the handle's token for the driver's channel
+    _versions: Address | None  # the handle's token for the driver's channel
     _version: str  # the current version's label (a worker's copy: its own version's)
     _finalizer: weakref.finalize | None  # releases the driver's copies once collected
 

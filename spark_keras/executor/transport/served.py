@@ -39,7 +39,7 @@ class ServedTransport(Transport):
     driver serving its maximum of readers says when to come back (503): asked again then,
     for up to :data:`BUSY_WAIT` seconds, without counting attempts."""
 
-    address: Any  # version_server.Address
+    address: Any  # channel.client.Address
     name: str
     index: int
     sha256: str
