@@ -1,16 +1,18 @@
-"""The README's Python blocks run as written. Each block is declared by an HTML comment on
-the line before it: ``<!-- example: NAME -->`` starts a script (``, env K=V`` adds to its
-environment), ``<!-- continues: NAME -->`` appends to one, ``<!-- not run: why -->``
-leaves a block out (only the keras-hub preset download). Each script runs in a fresh Python
-process, from an empty folder, on the embedded local Spark (or a local Connect server), and
-prints what the README says its blocks print: ``PRINTS`` holds, per block that prints, a
-line of it and the check of its output (tables of ``show()``, printed lines); a block not
-there must print nothing."""
+"""The Python blocks of the README and of the documentation site (docs/, in mkdocs.yml's nav
+order: one document, whose examples may continue from page to page) run as written. Each
+block is declared by an HTML comment on the line before it: ``<!-- example: NAME -->``
+starts a script (``, env K=V`` adds to its environment), ``<!-- continues: NAME -->``
+appends to one, ``<!-- not run: why -->`` leaves a block out (only the keras-hub preset
+download). Each script runs in a fresh Python process, from an empty folder, on the
+embedded local Spark (or a local Connect server), and prints what the pages say its blocks
+print: ``PRINTS`` holds, per block that prints, a line of it and the check of its output
+(tables of ``show()``, printed lines); a block not there must print nothing."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import glob
 import os
 import re
 import subprocess
@@ -19,42 +21,69 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
+import yaml
 
 from tests.conftest import REPO_ROOT, local_connect_server
 
-README = os.path.join(REPO_ROOT, "README.md")
+MKDOCS = os.path.join(REPO_ROOT, "mkdocs.yml")
 _BLOCK = re.compile(r"^(?:<!-- (example|continues|not run): (.*?) -->\n)?```python\n(.*?)^```",
                     re.S | re.M)
 
 
+def _nav_pages(item: object) -> list[str]:
+    """The pages of an mkdocs.yml ``nav`` entry, in order."""
+    if isinstance(item, str):
+        return [item] if item.endswith(".md") else []
+    if isinstance(item, dict):
+        return [p for value in item.values() for p in _nav_pages(value)]
+    if isinstance(item, list):
+        return [p for value in item for p in _nav_pages(value)]
+    return []
+
+
+def documents() -> list[str]:
+    """README.md, then the site's pages in its nav order (paths from the repository's root);
+    every page of docs/ is in the nav."""
+    with open(MKDOCS, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    pages = [os.path.join("docs", page) for page in _nav_pages(config["nav"])]
+    found = sorted(os.path.relpath(p, REPO_ROOT)
+                   for p in glob.glob(os.path.join(REPO_ROOT, "docs", "**", "*.md"), recursive=True))
+    assert sorted(pages) == found, f"pages not in mkdocs.yml's nav: {sorted(set(found) - set(pages))}"
+    return ["README.md", *pages]
+
+
 def _examples() -> dict[str, tuple[dict[str, str], list[str]]]:
-    """name -> (environment, blocks) in README order; a block without a declaration fails."""
-    with open(README) as f:
-        text = f.read()
+    """name -> (environment, blocks) in the documents' order; a block without a declaration
+    fails."""
     examples: dict[str, tuple[dict[str, str], list[str]]] = {}
-    for kind, label, code in _BLOCK.findall(text):
-        first = code.splitlines()[0]
-        if not kind:
-            raise AssertionError(f"README block {first!r} has no <!-- example/continues --> line")
-        if kind == "not run":
-            assert "from_preset" in code, f"only the preset download may be left out: {first!r}"
-            continue
-        name, *settings = [part.strip() for part in label.split(",")]
-        if kind == "example":
-            assert name not in examples, f"example {name!r} started twice"
-            env = dict(s.removeprefix("env ").split("=", 1) for s in settings)
-            examples[name] = (env, [code])
-        else:
-            assert name in examples, f"block {first!r} continues {name!r}, not started above it"
-            examples[name][1].append(code)
-    assert text.count("```python") == sum(len(b) for _, b in examples.values()) + 1
+    for document in documents():
+        with open(os.path.join(REPO_ROOT, document), encoding="utf-8") as f:
+            text = f.read()
+        for kind, label, code in _BLOCK.findall(text):
+            first = f"{document}: {code.splitlines()[0]!r}"
+            if not kind:
+                raise AssertionError(f"block {first} has no <!-- example/continues --> line")
+            if kind == "not run":
+                assert "from_preset" in code, f"only the preset download may be left out: {first}"
+                continue
+            name, *settings = [part.strip() for part in label.split(",")]
+            if kind == "example":
+                assert name not in examples, f"example {name!r} started twice ({first})"
+                env = dict(s.removeprefix("env ").split("=", 1) for s in settings)
+                examples[name] = (env, [code])
+            else:
+                assert name in examples, f"block {first} continues {name!r}, not started above it"
+                examples[name][1].append(code)
+        assert text.count("```python") == len(_BLOCK.findall(text)), f"{document}: a block not read"
     return examples
 
 
 def test_every_python_block_is_declared_and_only_the_download_is_left_out():
     examples = _examples()
-    assert {"tour", "legacy", "connect"} <= set(examples)
+    assert {"readme", "tour", "legacy", "connect", "dask"} <= set(examples)
     assert len(examples["tour"][1]) >= 10
+    assert sum(len(blocks) for _, blocks in examples.values()) >= 16  # the 15 the README had, its tour
 
 
 @dataclass
@@ -164,6 +193,14 @@ def _texts(cells: list[str], texts: list[str]) -> None:
     assert [t if len(t) <= 20 else t[:17] + "..." for t in texts] == cells, cells
 
 
+def _readme(printed: Printed, blocks: list[Printed]) -> None:
+    scored = _table(printed, 0, ["id", "features", "prediction"], 3, top=3)
+    assert scored.column("id") == ["0", "1", "2"]
+    _arrays(scored.column("prediction"))
+    udf = _table(printed, 1, 1, 3, top=3)  # the UDF: the same predictions
+    assert [row[0] for row in udf.rows] == scored.column("prediction")
+
+
 def _tour_scoring(printed: Printed, blocks: list[Printed]) -> None:
     # all columns + "prediction" (array<float>), the first 3 rows
     scored = _table(printed, 0, ["id", "features", "prediction"], 3, top=3)
@@ -235,9 +272,10 @@ def _connect(printed: Printed, blocks: list[Printed]) -> None:
     assert [row[0] for row in udf.rows] == scored.column("prediction")
 
 
-# Per example, the blocks that print: a line of the block (as the README has it) and what
-# the README says the block prints. Every other block prints nothing.
+# Per example, the blocks that print: a line of the block (as the pages have it) and what
+# the pages say the block prints. Every other block prints nothing.
 PRINTS: dict[str, list[tuple[str, Callable[[Printed, list[Printed]], None]]]] = {
+    "readme": [('df.select(bm.predict_udf()("features")).show(3)', _readme)],
     "tour": [
         ("print(sk.cache_info())", _tour_scoring),
         ('PipelineModel.load("models/churn").transform(customers).show()', _tour_pipeline),
@@ -259,7 +297,7 @@ def _checks(name: str, blocks: list[str]) -> dict[int, Callable[[Printed, list[P
     checks = {}
     for line, check in PRINTS.get(name, []):
         found = [i for i, block in enumerate(blocks) if line in block]
-        assert len(found) == 1, f"{name}: {line!r} is in blocks {found} (the README changed?)"
+        assert len(found) == 1, f"{name}: {line!r} is in blocks {found} (the pages changed?)"
         assert found[0] not in checks, f"{name}: two checks for block {found[0]}"
         checks[found[0]] = check
     return checks
@@ -267,7 +305,7 @@ def _checks(name: str, blocks: list[str]) -> dict[int, Callable[[Printed, list[P
 
 def test_every_block_that_prints_has_its_output_checked():
     """A block that shows or prints is in PRINTS, and every line PRINTS names is in the
-    README (in one block of its example)."""
+    pages (in one block of its example)."""
     for name, (_, blocks) in _examples().items():
         checks = _checks(name, blocks)
         for i, block in enumerate(blocks):

@@ -50,8 +50,9 @@ class KeyedModels:
             :class:`~spark_keras.BroadcastModel`. Keys are strings or integers, as the
             key column holds them. The models must take the same inputs and give the same
             outputs (shapes, dtypes, output names).
-        custom_objects, safe_mode, share_weights, preprocess: as for ``BroadcastModel``,
-            for every model.
+
+    ``custom_objects``, ``safe_mode``, ``share_weights`` and ``preprocess`` are
+    ``BroadcastModel``'s, for every model.
 
     Example::
 
@@ -162,12 +163,11 @@ class KeyedModels:
         that a worker meets each key's rows together: one model call per key and batch,
         and one build per key and worker even with a small cache.
 
+        The other arguments are :meth:`BroadcastModel.transform`'s (``version_col``: the
+        version of the row's key's model; ``buckets``: every key's model must mask its
+        padding).
+
         Args:
-            df, input_cols, output_col, batch_size, on_invalid, error_col, version_col,
-                max_invalid, max_invalid_scope, id_col, buckets: as for
-                :meth:`BroadcastModel.transform`
-                (``version_col``: the version of the row's key's model; ``buckets``: every
-                key's model must mask its padding).
             key: the column holding each row's key.
 
         Returns:

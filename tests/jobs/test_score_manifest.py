@@ -1,6 +1,6 @@
-"""Every option the README's score-job section refuses to change on ``--resume`` reaches
-the resume manifest and is refused by its name (issue 51); every other option of the job
-is one the README says may change, or names where and how the job runs. No Spark: the
+"""Every option the score job's page (docs/guide/score-job.md) refuses to change on
+``--resume`` reaches the resume manifest and is refused by its name (issue 51); every other
+option of the job is one the page says may change, or names where and how the job runs. No Spark: the
 manifest is planned on the client's path layer, as the job plans it."""
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ RUNNING = {"--model", "--input", "--output", "--output-table", "--overwrite", "-
 
 def readme_resume_flags() -> tuple[list[str], list[str]]:
     """The flags of the README's ``--resume`` refusals: (refused when changed, may change)."""
-    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(REPO_ROOT, "docs", "guide", "score-job.md"), encoding="utf-8") as f:
         text = f.read()
     bullet = re.search(r"^\* \*\*Refusals\.\*\*(.*?)^\* ", text, re.S | re.M)
-    assert bullet, "README: the --resume section's Refusals bullet"
+    assert bullet, "docs/guide/score-job.md: the --resume section's Refusals bullet"
     refused, _, rest = bullet[1].partition("stops the job")
     may_change = rest.partition("may change between runs")[0]
     flags = re.compile(r"`(--[a-z][a-z-]*)")
