@@ -6,11 +6,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
+DOCS_STAMP := $(VENV)/.docs-installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-slow test-heavy test-bench test-compat lint demo bench bench-tf-keras fuzz fuzz-engine check-java venv clean
+.PHONY: test test-slow test-heavy test-bench test-compat lint docs docs-check demo bench bench-tf-keras fuzz fuzz-engine check-java venv clean
 
 venv: $(STAMP)
 
@@ -64,6 +65,21 @@ $(LINT_STAMP): $(STAMP) setup.cfg constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[lint]'
 	@touch $(LINT_STAMP)
 
+# The documentation site (mkdocs.yml, pages in docs/) into site/; --strict: a broken link,
+# anchor or API reference fails it (seconds). tests/test_readme.py runs the pages' blocks.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+# Each built page opened in headless Chromium: no console error, a screenshot of the home
+# page in site-check/ (Chromium: playwright's, `$(PY) -m playwright install chromium`, or
+# the system's, CHROMIUM=/usr/bin/chromium)
+docs-check: docs
+	$(PY) -m tests.site_pages site site-check
+
+$(DOCS_STAMP): $(STAMP) setup.cfg constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[docs]'
+	@touch $(DOCS_STAMP)
+
 demo: check-java $(STAMP)
 	$(PY) jobs/demo.py
 
@@ -88,4 +104,4 @@ fuzz-engine: $(STAMP)
 	  --hypothesis-profile=fuzz -o timeout=0 tests/differential/test_generated.py::test_fuzz_the_engine $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-spark35 .venv-tfkeras build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out
+	rm -rf $(VENV) .venv-spark35 .venv-tfkeras build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out site site-check

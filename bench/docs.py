@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from bench.plots import image_line, render
 from bench.report import plot, table
 from bench.targets import (
     coldstart_targets,
@@ -96,7 +97,7 @@ def _scoring(results: dict) -> list[str]:
         "rounds, best round each.", "",
         "Peak RSS is the largest VmHWM of the Python workers during the timed run.", "",
         table(results["scoring"], floatfmt="{:,.2f}"), "",
-        "![scoring throughput](benchmarks.png)", "",
+        "![scoring throughput](benchmarks.png)", "", image_line("scoring-vs-ceiling.png"), "",
         *_targets(scoring_targets(results["scoring"], results["facts"])), "",
         "Facts: " + ", ".join(f"{k} = {v:.1f}" if isinstance(v, float) else f"{k} = {v}"
                               for k, v in results["facts"].items()), "",
@@ -135,7 +136,8 @@ def _memory(results: dict) -> list[str]:
         "(`cache_info()[\"memory_by_key\"]`); build seconds per worker are "
         "`cache_info()[\"build_seconds\"]` (on the shared file they include waiting "
         "for the worker that writes it).", "",
-        table(results["memory"], floatfmt="{:,.2f}"), "", *_targets(memory_targets(results["memory"])), ""]
+        table(results["memory"], floatfmt="{:,.2f}"), "", image_line("memory-per-executor.png"), "",
+        *_targets(memory_targets(results["memory"])), ""]
 
 
 def _dask(results: dict) -> list[str]:
@@ -477,3 +479,5 @@ def write_docs(results: dict, docs: str | None = None) -> None:
         lines += [*block, ""]
     with open(path, "w") as f:
         f.write("\n".join(lines).rstrip("\n") + "\n")
+    if not legacy:
+        render(path)  # the site's plots, from the figures just written
