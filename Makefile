@@ -68,7 +68,7 @@ $(LINT_STAMP): $(STAMP) setup.cfg constraints.txt
 # The documentation site (mkdocs.yml, pages in docs/) into site/; --strict: a broken link,
 # anchor or API reference fails it (seconds). tests/test_readme.py runs the pages' blocks.
 docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # Each built page opened in headless Chromium: no console error, a screenshot of the home
 # page in site-check/ (Chromium: playwright's, `$(PY) -m playwright install chromium`, or

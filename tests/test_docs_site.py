@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +62,35 @@ def test_the_readme_stays_short_and_links_into_the_site():
     assert len(readme.splitlines()) < 300
     for target in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert os.path.exists(os.path.join(REPO_ROOT, target)), f"README links to {target}, missing"
+
+
+@pytest.mark.slow  # the site built, 20 pages opened: about a minute
+def test_every_page_renders_in_headless_chromium_without_console_errors(tmp_path):
+    """The site built with --strict; every page opened in headless Chromium (playwright)
+    logs no console error, throws nothing and fetches nothing that fails; a page planted
+    with an error is reported (the check sees errors)."""
+    pytest.importorskip("mkdocs", reason="the docs extra: make docs installs it")
+    pytest.importorskip("playwright", reason="the docs extra: make docs installs it")
+    from playwright.sync_api import sync_playwright
+
+    from tests import site_pages
+
+    with sync_playwright() as p:
+        try:
+            site_pages.chromium(p.chromium)
+        except FileNotFoundError as e:
+            pytest.skip(str(e))
+    site = tmp_path / "site"
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert built.returncode == 0, built.stderr[-3000:]
+    (site / "planted").mkdir()
+    (site / "planted" / "index.html").write_text(
+        "<html><body><script>console.error('planted error'); no_such_name();</script></body></html>")
+    problems = site_pages.check(str(site), str(tmp_path / "shots"))
+    planted = problems.pop(os.path.join("planted", "index.html"))
+    assert any("planted error" in p for p in planted) and any("no_such_name" in p for p in planted), planted
+    assert len(problems) >= 20 and "index.html" in problems and "api/index.html" in problems
+    assert {page: found for page, found in problems.items() if found} == {}
+    assert (tmp_path / "shots" / "home.png").stat().st_size > 10_000
