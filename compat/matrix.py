@@ -1,6 +1,6 @@
 """``make test-compat``: the compatibility legs, each in its own virtualenv, as a matrix.
 
-Legs (see README, "Support matrix"):
+Legs (see docs/guide/deploying.md, "Support matrix"):
 
 * ``spark35-keras3``: PySpark 3.5.x with Keras 3, running the Spark test suite;
 * ``spark43-tfkeras``: PySpark 4.3 with legacy tf-keras 2.x (``TF_USE_LEGACY_KERAS=1``),

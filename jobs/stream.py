@@ -19,7 +19,7 @@ local Spark.
 
 ``builds_per_worker`` comes from the build log (``SPARK_KERAS_BUILD_LOG``): each Python
 worker built the model once, whatever the number of micro-batches. Restarting the query
-with the same checkpoint scores only files it has not committed; see the README
+with the same checkpoint scores only files it has not committed; see docs/guide/models-that-change.md
 ("Structured Streaming") for stopping, restarting and switching model versions.
 """
 

@@ -2,7 +2,7 @@
 messages before absl::InitializeLog() ..." and oneDNN's notice) before it applies
 ``TF_CPP_MIN_LOG_LEVEL``. :func:`quiet_tensorflow_startup`, around a first import, drops
 the ones that level hides, as TensorFlow would have; :func:`spark_keras.flavour.current`
-imports Keras inside it, so every spark_keras code path is quiet (README: Quiet logs).
+imports Keras inside it, so every spark_keras code path is quiet (docs/guide/deploying.md: Quiet logs).
 """
 
 from __future__ import annotations

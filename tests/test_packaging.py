@@ -282,7 +282,7 @@ with open(os.path.join(os.environ["PROBE_OUT"], f"worker-{os.getpid()}.json"), "
 
 @pytest.mark.slow
 def test_installed_job_scores_through_spark_submit(installed, payload):
-    """spark-submit of the installed job's file, as README "Deploying" says: the driver
+    """spark-submit of the installed job's file, as the docs' "Deploying" says: the driver
     and the Python workers import spark_keras from the installed copy, not the checkout."""
     import spark_keras as sk
 
@@ -322,7 +322,7 @@ def test_installed_job_scores_through_spark_submit(installed, payload):
                                atol=1e-5)  # one output unit: a scalar column
 
 
-# --- shipped environments (README, "Deploying") -----------------------------------------
+# --- shipped environments (docs/guide/deploying.md) -------------------------------------
 
 ENV_SCRIPT = textwrap.dedent('''
     import json, os, sys, numpy as np, keras
@@ -427,7 +427,7 @@ def test_py_files_with_the_stock_daemon_and_a_clear_error_with_the_preloading_on
            "executors through --py-files" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
-# --- a real standalone cluster (README, "Deploying") ---------------------------------------
+# --- a real standalone cluster (docs/guide/deploying.md) -----------------------------------
 
 def _free_port() -> int:
     import socket
@@ -447,7 +447,7 @@ def _json(url: str, timeout: float = 2.0) -> dict:
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     """A Spark standalone master and two workers (1 core, 1 GiB each), started with
-    ``spark-class`` as README "Deploying" says, stopped afterwards: the master's URL."""
+    ``spark-class`` as the docs' "Deploying" says, stopped afterwards: the master's URL."""
     import time
 
     folder = tmp_path_factory.mktemp("standalone")

@@ -1,6 +1,6 @@
 """Where executors get spark_keras from, and what that means for the preloading daemon.
 
-Three ways (README, "Deploying"): installed in the executors' Python (an image, or a
+Three ways (docs/guide/deploying.md): installed in the executors' Python (an image, or a
 packed environment shipped with ``spark.archives``); as pure-Python code with
 ``--py-files`` (``spark.submit.pyFiles``) when the executors already have TensorFlow and
 Keras; or, on Spark Connect, with ``spark.addArtifacts(path, pyfile=True)``.

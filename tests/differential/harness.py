@@ -8,7 +8,7 @@ input checks, the row it names), every scored row against the model on that row 
 within 1e-5 (exactly where each call held one row); under ``"error"`` the error's class,
 and the column and row it names; ``max_invalid``'s verdict; a refusal of ``buckets``
 only for a model whose padded steps could change a prediction, and always for a masked
-model whose maximum over the steps drops the mask (the README says the driver refuses
+model whose maximum over the steps drops the mask (the docs say the driver refuses
 such a model: a check of its structure, whatever the rows); and the rows fed to the
 model: a batch the model does not raise on is called once, and the search for the rows
 it raises on feeds it at most :data:`WORK` times the rows it scores."""

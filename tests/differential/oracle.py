@@ -2,7 +2,7 @@
 way, one row at a time, with none of the engine's code.
 
 For each row: the preprocess function (if any) on a fresh one-row batch (it raises:
-stage ``preprocess``); each model input's cell checked by the rules the README states
+stage ``preprocess``); each model input's cell checked by the rules the docs state
 (null, a null or NaN/infinite value anywhere, a wrong width, an empty sequence: stage
 ``input``, naming the columns at fault in input order); the model on that row alone,
 ``model(row[None])`` (it raises: stage ``model``); a string output that is not UTF-8
@@ -80,7 +80,7 @@ def _preprocessed(case: Case, i: int) -> list[Any]:
 
 
 def valid_cell(cell: Any, kind: str, width: int) -> bool:
-    """Whether a model input's cell can be scored (the README's input checks)."""
+    """Whether a model input's cell can be scored (the docs' input checks)."""
     if cell is None:
         return False
     if kind == "text":

@@ -185,7 +185,7 @@ def dask_scored(handle: Any, case: Case, partitions: int
     from spark_keras.dask import predict_dask
 
     opts = case.options
-    with dask.config.set({"dataframe.convert-string": False}):  # (as the README says)
+    with dask.config.set({"dataframe.convert-string": False}):  # (as the docs say)
         frame = dd.from_pandas(pandas_frame(case), npartitions=partitions)
         bounds = [0, case.n] if None in frame.divisions else \
             [*frame.divisions[:-1], case.n]  # the index is the row's number

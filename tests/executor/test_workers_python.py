@@ -121,7 +121,7 @@ def _tiny() -> bytes:
 @pytest.mark.slow  # a Spark of its own: about 40 s
 def test_the_readme_first_example_runs_from_the_venv_python_alone(bare_python, tmp_path):
     """``.venv/bin/python script.py`` with nothing activated: PATH's python3 lacks the
-    package, PYSPARK_PYTHON is unset (the example sets it, as the README says)."""
+    package, PYSPARK_PYTHON is unset (the example sets it, as the docs say)."""
     _, blocks = _examples()["tour"]
     script = tmp_path / "first.py"
     script.write_text(blocks[0])

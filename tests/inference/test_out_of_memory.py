@@ -266,7 +266,7 @@ def test_cache_info_and_the_build_log_report_the_size_kept(tmp_path, monkeypatch
         model_cache.drop(key)
 
 
-# --- the byte bound on model calls (Spark's, README "Settings that matter") -------------
+# --- the byte bound on model calls (Spark's, docs "Settings that matter") ---------------
 
 ARROW_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 

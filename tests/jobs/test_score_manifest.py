@@ -16,7 +16,7 @@ from spark_keras.jobs.score.manifest import OPTIONS, difference, file_sha256, pl
 from spark_keras.jobs.score.run import manifest_options
 from tests.conftest import REPO_ROOT
 
-# a changed value of each option the README refuses: (both runs', the second run's) options
+# a changed value of each option the page refuses: (both runs', the second run's) options
 CHANGES = {
     "--features": ([], ["--features", "features,id"]),
     "--output-col": ([], ["--output-col", "score"]),
@@ -42,7 +42,7 @@ RUNNING = {"--model", "--input", "--output", "--output-table", "--overwrite", "-
 
 
 def readme_resume_flags() -> tuple[list[str], list[str]]:
-    """The flags of the README's ``--resume`` refusals: (refused when changed, may change)."""
+    """The flags of the page's ``--resume`` refusals: (refused when changed, may change)."""
     with open(os.path.join(REPO_ROOT, "docs", "guide", "score-job.md"), encoding="utf-8") as f:
         text = f.read()
     bullet = re.search(r"^\* \*\*Refusals\.\*\*(.*?)^\* ", text, re.S | re.M)
@@ -54,8 +54,8 @@ def readme_resume_flags() -> tuple[list[str], list[str]]:
 
 
 def test_every_option_the_readme_refuses_on_resume_reaches_the_manifest(tmp_path):
-    """For each flag the README lists, two runs that differ in it alone plan manifests
-    that differ in it, refused naming it; the manifest's options are those the README
+    """For each flag the page lists, two runs that differ in it alone plan manifests
+    that differ in it, refused naming it; the manifest's options are those the page
     lists (a new one documented, a documented one recorded)."""
     refused, _ = readme_resume_flags()
     assert sorted(refused) == sorted(CHANGES), "give each refused flag a changed value here"
@@ -92,7 +92,7 @@ def test_every_option_the_readme_refuses_on_resume_reaches_the_manifest(tmp_path
 
 def test_every_option_of_the_job_is_refused_on_resume_or_may_change(capsys, monkeypatch):
     """The job's options (its ``--help``): each is refused when changed on ``--resume``,
-    or one the README says may change, or one naming where and how the job runs."""
+    or one the page says may change, or one naming where and how the job runs."""
     refused, may_change = readme_resume_flags()
     assert may_change == ["--batch-size", "--max-invalid"], may_change
     monkeypatch.setenv("COLUMNS", "2000")  # argparse's width: no flag cut at a line's end
@@ -100,4 +100,4 @@ def test_every_option_of_the_job_is_refused_on_resume_or_may_change(capsys, monk
         parse_args(["--help"])
     options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", capsys.readouterr().out))
     unsorted = options - set(refused) - set(may_change) - RUNNING
-    assert not unsorted, f"say in the README whether a change of {sorted(unsorted)} is refused"
+    assert not unsorted, f"say in docs/guide/score-job.md whether a change of {sorted(unsorted)} is refused"

@@ -18,7 +18,7 @@ each other.
 Every version is a tiny Dense model whose weights say which it is: the row ``id``
 (features ``[id, 1]``) scores ``id + 100 k`` with weights number ``k``. So every row's
 prediction names the weights that scored it and ``version_col`` the label, and the
-machine checks the README's promises on them: one version per action (every row of an
+machine checks the docs' promises on them: one version per action (every row of an
 action carries one label, with that label's weights, even with an ``update`` running
 beside it), the action scores with the version current when it starts (a plan made
 before ``update`` too), labels unique (an explicit label taken is refused; the default
@@ -126,7 +126,7 @@ def weights_of(model: Any) -> int:
 
 def default_label(labels: list[str]) -> str:
     """The label ``update()`` gives without ``version=`` after ``labels``: the version's
-    number, or the next number no label took (README, "Labels are unique")."""
+    number, or the next number no label took (docs, "Labels are unique")."""
     number = len(labels) + 1
     while str(number) in labels:
         number += 1
@@ -863,7 +863,7 @@ def test_unpersist_after_destroy_says_it_was_destroyed(spark, ship):
 def test_a_watched_file_broken_before_the_workers_built_its_version(spark, tmp_path, how):
     """Shrunk (watched-file): ``ship(kind=0)``, ``break_file(how=...)``, ``action()``:
     the workers build version 1 from the file in storage, which is broken now; they
-    read the driver's copy of that version instead (as for a file replaced: README,
+    read the driver's copy of that version instead (as for a file replaced: docs,
     "Watching a URI"). The action failed with a PayloadError before, truncated or
     deleted (the slow machine found the damaged one: a sound header, the body's
     checksum failing as the executor's copy loaded, and the copy rewritten from the
