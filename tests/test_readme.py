@@ -194,6 +194,7 @@ def _texts(cells: list[str], texts: list[str]) -> None:
 
 
 def _readme(printed: Printed, blocks: list[Printed]) -> None:
+    # all columns + "prediction" (array<float>), the first 3 rows
     scored = _table(printed, 0, ["id", "features", "prediction"], 3, top=3)
     assert scored.column("id") == ["0", "1", "2"]
     _arrays(scored.column("prediction"))
@@ -202,12 +203,7 @@ def _readme(printed: Printed, blocks: list[Printed]) -> None:
 
 
 def _tour_scoring(printed: Printed, blocks: list[Printed]) -> None:
-    # all columns + "prediction" (array<float>), the first 3 rows
-    scored = _table(printed, 0, ["id", "features", "prediction"], 3, top=3)
-    assert scored.column("id") == ["0", "1", "2"]
-    _arrays(scored.column("prediction"))
-    udf = _table(printed, 1, 1, 3, top=3)  # the UDF: the same predictions
-    assert [row[0] for row in udf.rows] == scored.column("prediction")
+    _readme(printed, blocks)  # the transform and the UDF, as in the README's tour
     assert len(printed.lines) == 1, printed.lines  # builds, hits, evictions in this process
     info = ast.literal_eval(printed.lines[0])
     assert {"builds", "hits", "evictions"} <= set(info), info
