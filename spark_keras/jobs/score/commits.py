@@ -42,23 +42,18 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
 import time
-import uuid
-from typing import Any, Callable
+from typing import Callable
 
 from spark_keras.jobs.score import trust
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.files import join, write_whole
-from spark_keras.jobs.score.lease import Leases
-from spark_keras.jobs.score.manifest import FORMAT, MANIFEST, Plan, list_input, read_log_file, utc_time
-from spark_keras.jobs.score.progress import Heartbeat, Progress
-from spark_keras.spark.figures import reasons_observed
+from spark_keras.jobs.score.manifest import MANIFEST, Plan, list_input, read_log_file, utc_time
 
-__all__ = ["run_groups"]
+__all__ = ["begin", "commit", "SUCCESS"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
@@ -71,7 +66,7 @@ _MOVING = re.compile(r"^g(\d+)\.moving\.json$")
 _TEMPORARY = re.compile(r"^\..*\.tmp-[0-9a-f]{12}$")  # write_whole's, left by a kill
 
 
-def _begin(plan: Plan) -> dict[int, dict]:
+def begin(plan: Plan) -> dict[int, dict]:
     """Make the output ready: a fresh one (an old output removed: ``--overwrite``) gets
     the manifest; a resumed one is recovered (:func:`_recover`). The records of the
     groups committed so far, by index."""
@@ -163,9 +158,13 @@ def _roll_forward(plan: Plan, record: dict) -> bool:
     return True
 
 
-def _commit(plan: Plan, index: int, staging: dict[str, str], record: dict) -> dict:
+def commit(plan: Plan, index: int, staging: dict[str, str], record: dict,
+           held: Callable[[], None]) -> dict:
     """Publish the group Spark wrote into the ``staging`` folders (by record key prefix,
-    see :meth:`Plan.roots`; see the module docstring)."""
+    see :meth:`Plan.roots`; see the module docstring); the record written. ``held``
+    raises unless this job still holds its output: called before the record and before
+    each rename, so a driver that lost its lease while inside a commit (paused past the
+    takeover) renames nothing more."""
     paths = plan.paths
     moves = []
     record = dict(record)
@@ -179,76 +178,13 @@ def _commit(plan: Plan, index: int, staging: dict[str, str], record: dict) -> di
     commits = join(plan.log, COMMITS)
     moving = join(commits, f"g{index:05d}.moving.json")
     trust.check_record(record, index, moving)  # what a rerun takes: the names it writes
+    held()
     write_whole(paths, moving, json.dumps(record))
     for root, source, target in moves:
+        held()
         trust.move_into(paths, root, source, target)
     write_whole(paths, join(commits, f"g{index:05d}.json"), json.dumps(record))
     paths.delete(moving)
     for folder in staging.values():
         paths.delete(folder)
     return record
-
-
-def run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
-               score: Callable[[Any], tuple[Any, Any]],
-               write: Callable[[Any, str, str | None], None], qualify: Callable[[str], str],
-               on_commit: Callable[[dict], None], heartbeat: Heartbeat,
-               published: Callable[[], None] = lambda: None) -> dict:
-    """Score and commit every group not committed yet, while this job holds the
-    ``leases`` of its output and quarantine (checked before each commit); the summary
-    (:meth:`Progress.summary`).
-
-    Args:
-        read: the DataFrame of some input files (paths the path layer takes).
-        score: ``(scored DataFrame, its Observation)`` of a DataFrame.
-        write: writes a scored DataFrame into a staging folder of the output and one of
-            the quarantine (None without one), as Spark must be given them.
-        qualify: a path as Spark must be given it.
-        on_commit: called with the summary after each commit.
-        heartbeat: logs :meth:`Progress.line` while a group is scored.
-        published: called once the files readers see have changed (after the recovery
-            and each commit): a table's listing refreshed.
-    """
-    assert plan.output is not None  # known once the run begins
-    committed = _begin(plan)
-    published()
-    progress = Progress(plan, committed)
-    logger.info(progress.started())
-    for index in range(progress.total):
-        if index in committed:
-            continue
-        tag = f"{STAGING}g{index:05d}-{uuid.uuid4().hex[:12]}"
-        staging = {key: join(root, tag) for key, root in plan.roots()}
-        started = time.perf_counter()
-        try:
-            with heartbeat.beating(functools.partial(progress.line, index)):
-                scored, observation = score(read(plan.group_files(index)))
-                invalid = staging.get("invalid_")
-                write(scored, qualify(staging[""]), None if invalid is None else qualify(invalid))
-        except BaseException:
-            for folder in staging.values():
-                try:
-                    plan.paths.delete(folder)
-                except Exception as exc:  # must not hide why the group failed
-                    logger.warning("cannot remove the staging folder %s: %s", folder, exc)
-            raise
-        figures = observation.get
-        record = {"format": FORMAT, "group": index,
-                  "input_files": [plan.manifest["files"][i][0]
-                                  for i in plan.manifest["groups"][index]],
-                  "rows": int(figures["rows"]), "invalid_rows": int(figures["invalid_rows"]),
-                  "invalid_by_reason": reasons_observed(figures["invalid_by_reason"]),
-                  "model_builds": int(figures["model_builds"]),
-                  "build_seconds": round(float(figures["build_seconds"]), 3),
-                  "seconds": round(time.perf_counter() - started, 3),
-                  "committed": utc_time(int(time.time() * 1000))}
-        leases.check()
-        progress.add(index, _commit(plan, index, staging, record))
-        published()
-        logger.info(progress.line())
-        on_commit(progress.summary())
-    leases.check()
-    for _, root in plan.roots():
-        if not plan.paths.exists(join(root, SUCCESS)):
-            plan.paths.create(join(root, SUCCESS), b"")
-    return progress.summary()

@@ -6,11 +6,12 @@ rerun finds, so that only the same job resumes. Committing the groups is
 * Groups: the files Spark reads under ``--input`` (listed with the path layer under
   Spark's own rule for hidden names, and their count checked against
   ``DataFrame.inputFiles()``), sorted by path, cut into runs of at most ``--commit-bytes``
-  (default 1 GiB); a larger file is a group of its own. Each group is read with the schema
+  (default: about a tenth of the input over the groups in flight,
+  :mod:`spark_keras.jobs.score.parallel`); a larger file is a group of its own. Each group is read with the schema
   of the whole input (so CSV inference and partition columns are those of one whole read),
   scored by the same transform and written by Spark into a staging folder.
-* Each group is a Spark job with as many tasks as its files split into (about one per
-  128 MiB): on a large cluster give ``--commit-bytes`` at least twice the cores x 128 MiB.
+* Each group is a Spark job with as many tasks as its files split into; several are
+  scored at once (:mod:`spark_keras.jobs.score.inflight`).
 * The manifest holds the SHA-256 of the model file's bytes, the options that change what
   a row becomes or where it goes (features, output and error columns, id column, resize,
   buckets, on-invalid, version column and label, input format, output format, partition
@@ -34,15 +35,15 @@ from spark_keras import storage
 from spark_keras.jobs.score import trust
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.files import Paths, join, listed_by_spark
+from spark_keras.jobs.score.parallel import default_commit_bytes
 
-__all__ = ["DEFAULT_COMMIT_BYTES", "FORMAT", "LOG", "MANIFEST", "OPTIONS", "Plan", "plan",
+__all__ = ["FORMAT", "LOG", "MANIFEST", "OPTIONS", "Plan", "plan",
            "plan_groups", "difference", "file_sha256", "has_commit_log", "list_input",
            "read_log_file", "utc_time"]
 
 LOG = "_spark_keras"  # the commit log's folder, inside the output
 MANIFEST = "manifest.json"
 FORMAT = 1  # of the manifest and records
-DEFAULT_COMMIT_BYTES = 2**30
 # the options that change what a row becomes, as the manifest names them and as the flags
 OPTIONS = {"features": "--features", "output_col": "--output-col", "format": "--format",
            "on_invalid": "--on-invalid", "error_col": "--error-col", "id_col": "--id-col",
@@ -223,6 +224,7 @@ class Plan:
 
 def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str,
          options: dict, commit_bytes: int | None, overwrite: bool, spark_files: int,
+         slots: int = 1,
          invalid_output: str | None = None) -> Plan:
     """The groups of this run, or a :class:`JobError` (exit 2) saying why the output
     cannot be resumed: another model, other options or input files, or an output that is
@@ -231,7 +233,9 @@ def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str
     Args:
         output: the output folder; None for a table this run makes (nothing to resume).
         options: the values of :data:`OPTIONS`' keys.
-        commit_bytes: the bound of a group; None: the committed groups' (else the default).
+        commit_bytes: the bound of a group; None: the committed groups' (else the default,
+            :func:`~spark_keras.jobs.score.parallel.default_commit_bytes` of the input's
+            bytes and ``slots``).
         spark_files: how many files Spark reads under ``input_path``
             (``len(df.inputFiles())``), checked against the path layer's listing.
         invalid_output: the quarantine's folder (``--invalid-output``), if any.
@@ -245,7 +249,8 @@ def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str
             and paths.exists(invalid_output):
         raise JobError(f"invalid rows' output path {invalid_output!r} exists; pass "
                        f"--overwrite to replace it")
-    bound = commit_bytes or (old["commit_bytes"] if old else DEFAULT_COMMIT_BYTES)
+    bound = commit_bytes or (old["commit_bytes"] if old else
+                             default_commit_bytes(sum(size for _, size, _ in files), slots))
     manifest = {"format": FORMAT, "model_sha256": model_sha256,
                 "options": json.loads(json.dumps(options)),  # tuples as JSON keeps them
                 "commit_bytes": bound, "files": [list(f) for f in files],

@@ -20,14 +20,16 @@ from spark_keras._deps import require
 from spark_keras.errors import ArgumentError, StorageError, WorkersPythonError
 from spark_keras.inference.buckets import checked
 from spark_keras.inference.options import FLAGS
-from spark_keras.jobs.score import commits, manifest
+from spark_keras.jobs.score import manifest
 from spark_keras.jobs.score import outputs as outputs_
 from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.checks import check_apart, check_options, check_paths, path_errors
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.files import HadoopPaths, Paths, glob_escaped
+from spark_keras.jobs.score.inflight import run_groups
 from spark_keras.jobs.score.lease import Leases
 from spark_keras.jobs.score.outputs import Outputs
+from spark_keras.jobs.score.parallel import Jobs
 from spark_keras.jobs.score.progress import Heartbeat, Tasks, clock, eta
 from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.figures import reasons_observed
@@ -131,7 +133,7 @@ def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -
                              model_sha256=manifest.file_sha256(args.model),
                              options=manifest_options(args),
                              commit_bytes=args.commit_bytes, overwrite=args.overwrite,
-                             spark_files=len(df.inputFiles()),
+                             spark_files=len(df.inputFiles()), slots=Jobs(df.sparkSession).slots(),
                              invalid_output=args.invalid_output)
 
 
@@ -209,7 +211,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     its path operations (:class:`HadoopPaths`, :class:`ArrowPaths`), ``args`` as
     :func:`spark_keras.jobs.score.parse_args` gives them (the job's Python entry point:
     options and paths are checked here too); with ``args.resume``, in commits
-    (:func:`spark_keras.jobs.score.commits.run_groups`).
+    (:func:`spark_keras.jobs.score.inflight.run_groups`).
 
     Returns:
         The summary, also written to ``--metrics-json``: rows, invalid rows, seconds,
@@ -277,11 +279,12 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     names = iter(range(1 << 62))
     error_col, version_col = outputs.transform_cols()
 
-    def transform(frame: Any, observed: bool = True) -> tuple[Any, Any]:
+    def transform(frame: Any, observed: bool = True,
+                  max_invalid: float | None = args.max_invalid) -> tuple[Any, Any]:
         observation = Observation(f"spark_keras_score_{next(names)}") if observed else None
         return handle.transform(frame, features, args.output_col, batch_size=args.batch_size,
                                 on_invalid=args.on_invalid, error_col=error_col,
-                                observe=observation, max_invalid=args.max_invalid,
+                                observe=observation, max_invalid=max_invalid,
                                 id_col=args.id_col, version_col=version_col,
                                 buckets=args.buckets), observation
 
@@ -300,9 +303,10 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
             published = _table_made(spark, args, outputs, plan, whole[0])
             leases.add(plan.output)  # a table whose folder could not be told before
             with path_errors():
-                summary = commits.run_groups(
+                summary = run_groups(
                     plan, leases, _group_reader(spark, paths, args, fmt, df.schema), transform,
-                    outputs.write, paths.qualify, committed, heartbeat, published)
+                    outputs.write, paths.qualify, committed, heartbeat, Jobs(spark),
+                    args.max_invalid, published)
         else:
             logger.info("scoring %r into %r", args.input, args.output or args.output_table)
             summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,

@@ -1,0 +1,296 @@
+"""``--resume`` with groups in flight together (issue 53): commits sized to the job by
+default, groups scored at once and committed one at a time, kills at several moments, a
+lease taken over while a driver is stalled inside a commit, and ``--max-invalid`` as one
+budget across commits and across the runs that resume the job (issue 55, item 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import spark_keras as sk
+from spark_keras.errors import InvalidRowsError
+from spark_keras.jobs.score.budget import JobBudget
+from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.files import HadoopPaths
+from spark_keras.jobs.score.main import parse_args
+from spark_keras.jobs.score.manifest import plan_groups
+from spark_keras.jobs.score.parallel import default_commit_bytes, in_flight
+from spark_keras.jobs.score.run import score
+from tests import models
+from tests.conftest import REPO_ROOT
+
+ROWS = 200  # per input file
+FILES = 8
+BAD_EVERY = 25  # every 25th row of a file holds a NaN: 8 invalid rows per file
+
+
+def write_rows(path, first: int, seed: int, bad: bool = False) -> None:
+    x = np.random.default_rng(seed).standard_normal((ROWS, 6)).astype("float32")
+    if bad:
+        x[::BAD_EVERY, 0] = np.nan
+    pq.write_table(pa.table({"id": pa.array(np.arange(first, first + ROWS), pa.int64()),
+                             "features": pa.array(list(x), pa.list_(pa.float32()))}), path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """``clean/``: 8 files; ``bad/``: 8 files of which 8 rows each are invalid; a model."""
+    folder = tmp_path_factory.mktemp("score-inflight")
+    for name, bad in (("clean", False), ("bad", True)):
+        (folder / name).mkdir()
+        for i in range(FILES):
+            write_rows(folder / name / f"part-{i}.parquet", i * ROWS, i, bad)
+    sk.save(models.mlp(n_features=6, hidden=8, outputs=3), str(folder / "model.skp"))
+    return folder
+
+
+def job_argv(data, out, *extra: str, source: str = "clean") -> list[str]:
+    return ["--model", str(data / "model.skp"), "--input", str(data / source), "--output",
+            str(out), "--features", "features", "--resume", *extra]
+
+
+def read_sorted(out) -> tuple[list[int], list[int]]:
+    """The ids and the predictions' bits of an output, by id (pyarrow: no Spark job)."""
+    table = pq.read_table(str(out), columns=["id", "prediction"]).sort_by("id")
+    bits = np.stack(table["prediction"].to_numpy(zero_copy_only=False)).astype("float32")
+    return table["id"].to_pylist(), bits.view(np.uint32).ravel().tolist()
+
+
+def records(out) -> dict[int, dict]:
+    log = out / "_spark_keras" / "commits"
+    return {int(p.name[1:6]): json.loads(p.read_text()) for p in log.glob("g*.json")
+            if ".moving" not in p.name}
+
+
+# --- no Spark --------------------------------------------------------------------------------
+
+def test_default_groups_fit_the_job_from_a_laptop_to_a_cluster():
+    """About ten groups per group in flight (a kill loses about a tenth), and enough in
+    flight to keep every task slot busy: 10 MB on local[2], 1 TB on 500 cores."""
+    assert in_flight(2) == 4 and in_flight(500) == 32 and in_flight(0) == 3
+    small = [250_000] * 40  # 10 MB in 40 files
+    groups = plan_groups(small, default_commit_bytes(sum(small), 2))
+    assert len(groups) == 40  # a kill loses the 4 in flight at most: a tenth
+    big = [2**30] * 1000  # 1 TB in 1 GiB files on 500 cores
+    groups = plan_groups(big, default_commit_bytes(sum(big), 500))
+    assert 300 <= len(groups) <= 340  # ~10 x 32 in flight
+    per_group = 1000 / len(groups) * 8  # tasks of 128 MiB
+    assert in_flight(500) * per_group >= 500  # in flight: every slot busy
+    assert plan_groups([5, 5, 5], default_commit_bytes(15, 2)) == [[0], [1], [2]]  # files whole
+
+
+def test_one_budget_over_the_commits_of_every_run():
+    """A count: each group's Spark job gets what is left; a commit that would pass it is
+    refused. A fraction: judged on the job's rows at the end, not per commit."""
+    before = {0: {"rows": 100, "invalid_rows": 20}, 1: {"rows": 100, "invalid_rows": 5}}
+    budget = JobBudget(30, before)
+    assert budget.action_limit() == 5
+    budget.check(2, {"rows": 100, "invalid_rows": 5})
+    budget.add({"rows": 100, "invalid_rows": 5})
+    assert budget.action_limit() == 0  # no invalid row left: the next one aborts
+    with pytest.raises(InvalidRowsError, match=r"--max-invalid 30 passed: 31 of 400 rows "
+                                               r"\(7\.75%\) .* group 4 is not committed"):
+        budget.check(3, {"rows": 100, "invalid_rows": 1})
+    fraction = JobBudget(0.1, {0: {"rows": 100, "invalid_rows": 40}})
+    assert fraction.action_limit() is None  # one group 40% invalid: judged with the rest
+    fraction.add({"rows": 300, "invalid_rows": 0})
+    fraction.judge()  # 40 of 400: 10%, not past it
+    fraction.add({"rows": 1, "invalid_rows": 1})
+    with pytest.raises(InvalidRowsError, match="41 of 401 rows"):
+        fraction.judge()
+    assert JobBudget(0, {}).action_limit() == 0 and JobBudget(None, before).action_limit() is None
+
+
+# --- the job's Python entry point, in the shared session ----------------------------------------
+
+def test_groups_in_flight_are_committed_each_as_written(spark, data, tmp_path):
+    """Default settings on local[2]: a group per file, several in flight, each committed
+    once: the output equals a run in one commit, bit for bit, each row once."""
+    one = tmp_path / "one"
+    score(spark, HadoopPaths(spark), parse_args(job_argv(data, one, "--commit-bytes", "1G")))
+    out = tmp_path / "out"
+    summary = score(spark, HadoopPaths(spark), parse_args(job_argv(data, out)))
+    assert (summary["groups"], summary["rows"]) == (FILES, FILES * ROWS), summary
+    found = records(out)
+    assert sorted(found) == list(range(FILES)) and all(r["rows"] == ROWS for r in found.values())
+    assert read_sorted(out) == read_sorted(one)
+    assert read_sorted(out)[0] == list(range(FILES * ROWS))
+
+
+class StallingPaths(HadoopPaths):
+    """The job's own path layer, stalled once right after a commit record of group 2
+    (``g00002.moving.json``) lands: a driver paused inside a commit."""
+
+    def __init__(self, spark) -> None:
+        super().__init__(spark)
+        self.stalled = threading.Event()
+        self.resume = threading.Event()
+
+    def move(self, src: str, dst: str) -> None:
+        super().move(src, dst)
+        if dst.endswith("g00002.moving.json") and not self.stalled.is_set():
+            self.stalled.set()
+            assert self.resume.wait(120)
+
+
+def test_a_driver_whose_lease_was_taken_over_inside_a_commit_renames_nothing_more(
+        spark, data, tmp_path):
+    """Another job takes the output over while this one is stalled after a commit's
+    record: the stalled job renames no file of that group and writes no record; a rerun
+    rolls the group forward and ends equal to an uninterrupted run."""
+    out = tmp_path / "out"
+    argv = job_argv(data, out, "--commit-bytes", "1")  # a group per file
+    paths = StallingPaths(spark)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            score(spark, paths, parse_args(argv))
+        except BaseException as exc:  # noqa: BLE001  (what the test looks at)
+            failed.append(exc)
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        assert paths.stalled.wait(240)
+        lease = tmp_path / ".out.spark-keras-lease"
+        for name in os.listdir(lease):  # what a job judging this one dead removes
+            os.remove(lease / name)
+    finally:
+        paths.resume.set()
+        job.join(240)
+    assert len(failed) == 1 and isinstance(failed[0], JobError), failed
+    assert "another score job holds it now" in str(failed[0])
+    log = out / "_spark_keras" / "commits"
+    assert (log / "g00002.moving.json").exists() and not (log / "g00002.json").exists()
+    assert not list(out.glob("g00002-*"))  # not one file of it renamed
+    summary = score(spark, HadoopPaths(spark), parse_args(argv))
+    assert summary["groups"] + summary["groups_skipped"] == FILES
+    reference = tmp_path / "reference"
+    score(spark, HadoopPaths(spark), parse_args(job_argv(data, reference, "--commit-bytes", "1")))
+    assert read_sorted(out) == read_sorted(reference)
+
+
+def test_max_invalid_is_one_budget_across_commits_and_resumed_runs(spark, data, tmp_path):
+    """64 invalid rows in 8 groups of 8: --max-invalid 30 stops the job (each commit
+    alone is far below it), committing at most 30; a resumed run counts the groups
+    committed before: 3 groups (24 invalid) committed, 5 left with 40, a rerun allowed 50
+    stops; one allowed 64 finishes."""
+    common = ["--on-invalid", "null", "--commit-bytes", "1"]
+    out = tmp_path / "out"
+    with pytest.raises(Exception) as caught:
+        score(spark, HadoopPaths(spark),
+              parse_args(job_argv(data, out, *common, "--max-invalid", "30", source="bad")))
+    assert "max_invalid" in str(caught.value) or "max-invalid" in str(caught.value)
+    assert sum(r["invalid_rows"] for r in records(out).values()) <= 30
+
+    resumed = tmp_path / "resumed"  # three groups committed by a run without a limit
+    argv = job_argv(data, resumed, *common, source="bad")
+    score(spark, HadoopPaths(spark), parse_args(argv))
+    log = resumed / "_spark_keras" / "commits"
+    for index, record in records(resumed).items():
+        if index >= 3:  # as a kill before their commits leaves them
+            (log / f"g{index:05d}.json").unlink()
+            for name in record["files"]:
+                (resumed / name).unlink()
+    (resumed / "_SUCCESS").unlink()
+    with pytest.raises(InvalidRowsError, match=r"--max-invalid 50 passed: (5[1-9]|6\d) of"):
+        score(spark, HadoopPaths(spark), parse_args(argv + ["--max-invalid", "50"]))
+    summary = score(spark, HadoopPaths(spark), parse_args(argv + ["--max-invalid", "64"]))
+    assert summary["invalid_rows"] + 8 * summary["groups_skipped"] == 64
+    assert (resumed / "_SUCCESS").exists()
+
+
+# --- the job as a process, SIGKILLed at several moments ---------------------------------------
+
+_KILLED_AT = """
+import os, signal, sys
+from spark_keras.jobs.score import commits, trust
+moment, argv = sys.argv[1], sys.argv[2:]
+renames = []
+moved, committed = trust.move_into, commits.commit
+
+def move_into(paths, root, source, target):
+    moved(paths, root, source, target)
+    renames.append(target)
+    if moment == "commit" and len(renames) == 2:  # the second commit's first rename
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def commit(*args, **kwargs):  # only a commit's renames count, not the recovery's
+    trust.move_into = move_into
+    try:
+        return committed(*args, **kwargs)
+    finally:
+        trust.move_into = moved
+
+commits.commit = commit
+from spark_keras.jobs.score.main import main
+sys.exit(main(argv))
+"""
+
+
+def killed_run(moment: str, argv: list[str], log, ready=None) -> None:
+    """The job as a process, SIGKILLed inside a commit (its second rename) or, with
+    ``ready`` (a condition on the output, polled), once it holds."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("SPARK_REMOTE", None)
+    job = subprocess.Popen([sys.executable, "-c", _KILLED_AT, moment, "--master", "local[2]",
+                            *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while job.poll() is None and ready is not None and not ready():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        if job.poll() is None and ready is not None:
+            os.kill(job.pid, signal.SIGKILL)
+        assert job.wait(240) == -signal.SIGKILL
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)  # its JVM and workers
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow  # two drivers killed, each its own Spark: about a minute
+@pytest.mark.timeout(900)
+def test_killed_with_groups_in_flight_and_inside_a_commit_resumes_to_the_same_output(
+        spark, data, tmp_path):
+    """Default settings. A driver SIGKILLed while groups are in flight (one committed,
+    others written by Spark), the rerun SIGKILLed inside a commit (a file renamed, the next
+    not), a last rerun: the output equals an uninterrupted run's, bit for bit, each row
+    once, and each rerun scored only what was not committed."""
+    out = tmp_path / "out"
+    argv = job_argv(data, out)
+
+    def in_flight_now() -> bool:
+        staged = [p for p in out.glob("_staging-g*") if any(p.rglob("*.parquet"))]
+        return bool(records(out)) and len(staged) >= 1 and len(list(out.glob("_staging-g*"))) >= 2
+
+    with open(tmp_path / "first.log", "wb") as log:
+        killed_run("none", argv, log, ready=in_flight_now)
+    first = records(out)
+    assert 1 <= len(first) < FILES, (tmp_path / "first.log").read_text()[-3000:]
+    with open(tmp_path / "second.log", "wb") as log:
+        killed_run("commit", argv, log)
+    second = records(out)
+    assert len(second) >= len(first), (tmp_path / "second.log").read_text()[-3000:]
+    summary = score(spark, HadoopPaths(spark), parse_args(argv))
+    assert summary["rows_skipped"] == ROWS * summary["groups_skipped"] >= ROWS * len(second)
+    assert summary["rows"] + summary["rows_skipped"] == FILES * ROWS
+    reference = tmp_path / "reference"
+    score(spark, HadoopPaths(spark), parse_args(job_argv(data, reference)))
+    assert read_sorted(out) == read_sorted(reference)
+    assert read_sorted(out)[0] == list(range(FILES * ROWS))
