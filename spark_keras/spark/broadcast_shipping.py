@@ -9,6 +9,7 @@ tasks. When a step fails nothing of the payload stays on the driver. Later versi
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from spark_keras.channel import driver_address, version_server, versions
@@ -18,6 +19,7 @@ from spark_keras.executor import driver_payload
 from spark_keras.executor.environment import check_environment
 from spark_keras.executor.transport import is_connect, transport_for
 from spark_keras.executor.transport.served import ServedTransport
+from spark_keras.payload.safety import check_rebuildable
 from spark_keras.payload.shipment import Shipment
 from spark_keras.spark import broadcast_lifecycle, exposure
 
@@ -39,6 +41,8 @@ def ship(handle: Any, spark: Any, model_or_path: Any, label: str, ship: str,
     being made, its arguments checked) by the route ``ship`` names; a URI is watched every
     ``watch_every`` seconds (None: not watched). The version server stays open while the
     handle, or the Spark context, lives."""
+    if not isinstance(model_or_path, (str, os.PathLike)):  # a file is loaded under safe_mode
+        check_rebuildable(model_or_path, handle._safe_mode)
     if not is_connect(spark):
         check_environment(getattr(spark, "sparkContext", spark))
     with version_server.serving(

@@ -32,6 +32,7 @@ CHANGES = {
     "--partition-by": ([], ["--partition-by", "k"]),
     "--invalid-output": ([], ["--invalid-output", "q"]),
     "--drop-invalid": (["--invalid-output", "q"], ["--drop-invalid"]),
+    "--unsafe-deserialization": ([], ["--unsafe-deserialization"]),
     "--commit-bytes": ([], ["--commit-bytes", "200"]),
 }
 # options that name where and how the job runs, not what a row becomes (the model file and
@@ -94,7 +95,7 @@ def test_every_option_of_the_job_is_refused_on_resume_or_may_change(capsys, monk
     """The job's options (its ``--help``): each is refused when changed on ``--resume``,
     or one the page says may change, or one naming where and how the job runs."""
     refused, may_change = readme_resume_flags()
-    assert may_change == ["--batch-size", "--max-invalid"], may_change
+    assert may_change == ["--batch-size", "--max-invalid", "--import"], may_change
     monkeypatch.setenv("COLUMNS", "2000")  # argparse's width: no flag cut at a line's end
     with pytest.raises(SystemExit):
         parse_args(["--help"])

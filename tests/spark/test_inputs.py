@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 import re
+import time
 
 import keras
 import numpy as np
@@ -479,6 +480,17 @@ def test_safe_mode_off_scores_a_lambda_on_workers(spark, columns_df):
     assert_predictions(via_udf(bm, df, "f0", "f1", "f2"), expected_by_id(model, features), set())
 
 
+def test_a_lambda_model_is_refused_at_construction_under_safe_mode(spark):
+    """Its workers would refuse to rebuild it at the first action (44 s later, 41 lines):
+    the handle refuses it at once, naming the layer, from its config; nothing shipped."""
+    model = lambda_model()
+    started = time.perf_counter()
+    with pytest.raises(sk.PayloadError, match=r"layer\(s\) 'lambda\w*' of this model hold a "
+                                              r"Python lambda.*safe_mode=False"):
+        sk.BroadcastModel(spark, model)
+    assert time.perf_counter() - started < 5
+
+
 # --- errors last: a task that fails ends its Python worker, and the next one imports ---
 # --- TensorFlow again ----------------------------------------------------------------
 
@@ -519,10 +531,3 @@ def test_custom_objects_missing_is_refused_clearly(spark, columns_df):
     clear = r"(?s)Pass it in custom_objects.*Could not locate function 'shifted_tanh'"
     with pytest.raises(Exception, match=clear):
         sk.BroadcastModel(spark, model).transform(df.coalesce(1), "f").collect()
-
-
-def test_safe_mode_refuses_a_lambda_on_workers(spark, columns_df):
-    df, _ = columns_df
-    with pytest.raises(Exception, match=r"safe_mode=True.*load it with safe_mode=False"):
-        bm = sk.BroadcastModel(spark, lambda_model(), safe_mode=True)  # refused here or on workers
-        bm.transform(df.coalesce(1), "f").collect()

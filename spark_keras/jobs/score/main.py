@@ -9,6 +9,7 @@
         [--version-col model_version [--model-version LABEL]]
         [--resume [--commit-bytes BYTES]] [--progress|--no-progress [--progress-seconds S]]
         [--metrics-json metrics.json] [--conf key=value ...] [--properties-file F] [--verbose]
+        [--import MODULE|FILE.py|PACKAGE_FOLDER ...] [--unsafe-deserialization]
 
     spark-submit --master yarn [--properties-file spark-defaults.conf] \\
         "$(spark-keras job-file score)" --model ... --input ... --output ... --features ...
@@ -30,6 +31,17 @@ temporary folder and renamed into place only when complete: nothing partial is l
 ``--partition-by`` are given to Spark's writer; ``--output-table NAME`` saves a catalog
 table instead (``saveAsTable``; with ``--resume`` the table is made empty first and the
 commits land in its location, see :mod:`spark_keras.jobs.score.outputs`).
+
+A model with custom layers or functions (registered with
+``@keras.saving.register_keras_serializable``) needs the modules defining them:
+``--import MODULE`` (repeatable) imports each on the driver before the model is loaded; a
+local ``.py`` file or package folder is also shipped to the executors as ``--py-files``
+does (:mod:`spark_keras.jobs.score.imports`), a module name must be importable there. A
+``Lambda`` layer holds Python code that Keras's safe mode refuses to rebuild: the job
+refuses such a model unless ``--unsafe-deserialization`` (warned about, recorded by
+``--resume``). The job's answers that need no Spark (options, paths, a file that is no
+model, columns the input lacks, a ``--resume`` refused) come before Spark starts
+(:mod:`spark_keras.jobs.score.early`).
 
 ``--invalid-output PATH`` (with ``--on-invalid null``) writes every invalid row to a
 dataset of its own, in the output's format: the input's columns as read, the reason
@@ -223,6 +235,17 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
                         "rows_per_second, model_builds, build_seconds; with --resume also "
                         "rows_skipped, groups, groups_skipped, after each commit) as JSON to "
                         "this local file")
+    p.add_argument("--import", dest="imports", action="append", default=[],
+                   metavar="MODULE",
+                   help="a module defining the model's custom layers or functions (registered "
+                        "with @keras.saving.register_keras_serializable), imported on the "
+                        "driver and the executors before the model is built: a module name, "
+                        "or a local .py file or package folder, then shipped to the executors "
+                        "as spark-submit's py-files are (repeatable)")
+    p.add_argument("--unsafe-deserialization", action="store_true",
+                   help="rebuild a model whose Lambda layers hold Python code (Keras's "
+                        "safe_mode=False): that code runs on the driver and every executor; "
+                        "only for model files you trust")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting (repeatable); wins over --properties-file and "
                         "spark-submit's")

@@ -12,10 +12,14 @@ rerun finds, so that only the same job resumes. Committing the groups is
   scored by the same transform and written by Spark into a staging folder.
 * Each group is a Spark job with as many tasks as its files split into; several are
   scored at once (:mod:`spark_keras.jobs.score.inflight`).
-* The manifest holds the SHA-256 of the model file's bytes, the options that change what
+* The manifest holds what the model scores with (the SHA-256 of its config and of its
+  weights, :mod:`spark_keras.payload.fingerprint`: the same model saved again is the same;
+  a manifest written before those digests existed holds the SHA-256 of the model file's
+  bytes, compared then), the options that change what
   a row becomes or where it goes (features, output and error columns, id column, resize,
   buckets, on-invalid, version column and label, input format, output format, partition
-  columns, the quarantine's folder and ``--drop-invalid``: not the batch size, a matter of
+  columns, the quarantine's folder, ``--drop-invalid`` and ``--unsafe-deserialization``:
+  not ``--import``, nor the batch size, a matter of
   speed, nor ``--max-invalid``, a limit), each input file's path, size and modification
   time, the commit bound and the groups. A rerun with any of them changed stops (exit 2)
   naming the first difference; ``--overwrite`` starts over.
@@ -50,9 +54,9 @@ OPTIONS = {"features": "--features", "output_col": "--output-col", "format": "--
            "resize": "--resize", "buckets": "--buckets", "version_col": "--version-col",
            "model_version": "--model-version", "output_format": "--output-format",
            "partition_by": "--partition-by", "invalid_output": "--invalid-output",
-           "drop_invalid": "--drop-invalid"}
+           "drop_invalid": "--drop-invalid", "unsafe_deserialization": "--unsafe-deserialization"}
 # what a manifest written before an option existed means by its absence
-_BEFORE = {"output_format": "parquet", "drop_invalid": False}
+_BEFORE = {"output_format": "parquet", "drop_invalid": False, "unsafe_deserialization": False}
 
 
 def file_sha256(location: str) -> str:
@@ -122,9 +126,9 @@ def difference(old: dict, new: dict, input_path: str) -> str | None:
     (``new``), in a phrase naming the first difference; None if they agree."""
     if old.get("format") != FORMAT:
         return f"its commit log has format {old.get('format')!r}; this job writes {FORMAT}"
-    if old["model_sha256"] != new["model_sha256"]:
-        return (f"the model is another one (sha256 {new['model_sha256'][:12]}...; the "
-                f"committed groups were scored by {old['model_sha256'][:12]}...)")
+    model = _model_difference(old, new)
+    if model:
+        return model
     for key, flag in OPTIONS.items():
         before = old["options"].get(key, _BEFORE.get(key))
         now = new["options"].get(key, _BEFORE.get(key))
@@ -149,6 +153,24 @@ def difference(old: dict, new: dict, input_path: str) -> str | None:
     if changed:
         more = f" (and {len(changed) - 1} more input file(s))" if len(changed) > 1 else ""
         return changed[0] + more
+    return None
+
+
+def _model_difference(old: dict, new: dict) -> str | None:
+    """The model's difference: its config or its weights (their digests, when both
+    manifests have them), else its file's bytes."""
+    before, now = old.get("model_digests"), new.get("model_digests")
+    if before and now:
+        parts = [part for part in ("config", "weights") if before.get(part) != now.get(part)]
+        if not parts:
+            return None
+        said = "; ".join(f"its {part} sha256 {str(now.get(part))[:12]}... now, "
+                         f"{str(before.get(part))[:12]}... for the committed groups"
+                         for part in parts)
+        return f"the model is another one ({' and '.join(parts)} differ: {said})"
+    if old["model_sha256"] != new["model_sha256"]:
+        return (f"the model is another one (sha256 {new['model_sha256'][:12]}...; the "
+                f"committed groups were scored by {old['model_sha256'][:12]}...)")
     return None
 
 
@@ -223,9 +245,10 @@ class Plan:
 
 
 def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str,
-         options: dict, commit_bytes: int | None, overwrite: bool, spark_files: int,
+         options: dict, commit_bytes: int | None, overwrite: bool, spark_files: int | None,
          slots: int = 1,
-         invalid_output: str | None = None) -> Plan:
+         invalid_output: str | None = None,
+         model_digests: dict | None = None) -> Plan:
     """The groups of this run, or a :class:`JobError` (exit 2) saying why the output
     cannot be resumed: another model, other options or input files, or an output that is
     not a resumable run's (unless ``overwrite``). Nothing is written.
@@ -237,11 +260,15 @@ def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str
             :func:`~spark_keras.jobs.score.parallel.default_commit_bytes` of the input's
             bytes and ``slots``).
         spark_files: how many files Spark reads under ``input_path``
-            (``len(df.inputFiles())``), checked against the path layer's listing.
+            (``len(df.inputFiles())``), checked against the path layer's listing (None:
+            not checked: the check before Spark starts).
+        model_digests: the model's config and weights digests
+            (:func:`spark_keras.payload.fingerprint.fingerprint`), compared instead of
+            ``model_sha256`` when both manifests have them.
         invalid_output: the quarantine's folder (``--invalid-output``), if any.
     """
     files = list_input(paths, input_path)
-    if len(files) != spark_files:
+    if spark_files is not None and len(files) != spark_files:
         raise JobError(f"Spark reads {spark_files} file(s) under {input_path!r} but the job "
                        f"lists {len(files)}: it cannot cut this input into commits")
     old = None if overwrite or output is None else _manifest_of(paths, output)
@@ -251,7 +278,7 @@ def plan(paths: Paths, input_path: str, output: str | None, *, model_sha256: str
                        f"--overwrite to replace it")
     bound = commit_bytes or (old["commit_bytes"] if old else
                              default_commit_bytes(sum(size for _, size, _ in files), slots))
-    manifest = {"format": FORMAT, "model_sha256": model_sha256,
+    manifest = {"format": FORMAT, "model_sha256": model_sha256, "model_digests": model_digests,
                 "options": json.loads(json.dumps(options)),  # tuples as JSON keeps them
                 "commit_bytes": bound, "files": [list(f) for f in files],
                 "groups": plan_groups([size for _, size, _ in files], bound)}

@@ -18,14 +18,17 @@ from typing import Any, Callable
 from spark_keras import storage
 from spark_keras._deps import require
 from spark_keras.errors import ArgumentError, StorageError, WorkersPythonError
+from spark_keras.executor.transport import is_connect
 from spark_keras.inference.buckets import checked
 from spark_keras.inference.options import FLAGS
 from spark_keras.jobs.score import manifest
 from spark_keras.jobs.score import outputs as outputs_
 from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.checks import check_apart, check_options, check_paths, path_errors
+from spark_keras.jobs.score.early import before_spark, check_columns, model_digests
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.files import HadoopPaths, Paths, glob_escaped
+from spark_keras.jobs.score.imports import explain_load_failure, import_modules, registered_objects, ship_modules
 from spark_keras.jobs.score.inflight import run_groups
 from spark_keras.jobs.score.lease import Leases
 from spark_keras.jobs.score.outputs import Outputs
@@ -52,7 +55,9 @@ def _write_metrics(path: str, summary: dict) -> None:
 def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     """The session and its path operations, paths checked. On Connect the checks run on
     the client first, so a bad path fails before a server is started or reached."""
-    check_options(args)
+    # the answers the files give, then the user's modules, before Spark starts
+    before_spark(args, _format(args.input, args.format), _features(args), manifest_options(args))
+    import_modules(args.imports)
     user = settings(args.conf, args.properties_file)
     if args.remote:
         if args.master:
@@ -121,7 +126,8 @@ def manifest_options(args: argparse.Namespace) -> dict:
             "model_version": None if not versioned
             else (args.model_version if args.model_version is not None else "1"),
             "output_format": args.output_format, "partition_by": args.partition_by,
-            "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid}
+            "invalid_output": args.invalid_output, "drop_invalid": args.drop_invalid,
+            "unsafe_deserialization": args.unsafe_deserialization}
 
 
 def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -> manifest.Plan:
@@ -131,6 +137,7 @@ def _plan(paths: Paths, args: argparse.Namespace, df: Any, output: str | None) -
     with path_errors():
         return manifest.plan(paths, args.input, output,
                              model_sha256=manifest.file_sha256(args.model),
+                             model_digests=model_digests(args.model),
                              options=manifest_options(args),
                              commit_bytes=args.commit_bytes, overwrite=args.overwrite,
                              spark_files=len(df.inputFiles()), slots=Jobs(df.sparkSession).slots(),
@@ -232,12 +239,7 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     fmt = _format(args.input, args.format)
     df = _read(spark, paths, args.input, fmt)
     features = _features(args)
-    missing = [c for c in features if c not in df.columns]
-    if missing:
-        raise JobError(f"feature column(s) {missing} not in the input; it has {df.columns}")
-    if args.id_col is not None and args.id_col not in df.columns:
-        raise JobError(f"--id-col {args.id_col!r} is not a column of the input; it has "
-                       f"{df.columns}")
+    check_columns(features, args.id_col, df.columns)
     outputs = Outputs.of(args, df.columns)
     location = None if args.output_table is None else _table_location(spark, paths, args)
     table = None if args.output_table is None else outputs_.table_folder(spark, args.output_table)
@@ -249,12 +251,21 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     try:  # a local path, or a URI the executors read from storage themselves
         with quiet_tensorflow_startup():  # start-up lines the log level hides
             flavour.current()  # imports Keras and TensorFlow
+        imported = import_modules(args.imports)  # registered before the model loads
+        ship_modules(spark, imported, is_connect(spark))
+        if args.unsafe_deserialization:
+            logger.warning("--unsafe-deserialization: the model's Lambda layers run their "
+                           "Python code on the driver and every executor; use it only for "
+                           "model files you trust")
         handle = sk.BroadcastModel(spark, args.model, resize=args.resize,
-                                    version=args.model_version)
+                                    version=args.model_version,
+                                    custom_objects=registered_objects(imported) or None,
+                                    safe_mode=not args.unsafe_deserialization)
     except WorkersPythonError as exc:  # not the model's fault: said as it is
         raise JobError(str(exc)) from exc
     except sk.SparkKerasError as exc:  # StorageError, PayloadError...
-        raise JobError(f"cannot load model {args.model!r}: {exc}") from exc
+        raise JobError(f"cannot load model {args.model!r}: "
+                       f"{explain_load_failure(str(exc)) or exc}") from exc
     try:  # the model takes padded rows, or this says why
         checked(handle, args.buckets, FLAGS)
     except ArgumentError as exc:

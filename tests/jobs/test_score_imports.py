@@ -1,0 +1,156 @@
+"""The score job and the user's own layers (issue 55, items 1 and 2): ``--import MODULE``
+(a module name, a ``.py`` file or a package folder, shipped to the executors), the short
+line for a class no module registers, ``--unsafe-deserialization`` for ``Lambda`` layers,
+and the installed ``spark-keras score`` scoring such a model from another working folder,
+classic ``local[2]`` and ``--remote local[2]``."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+
+from spark_keras.errors import PayloadError
+from spark_keras.jobs.score import imports
+from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.imports import explain_load_failure, import_modules, registered_objects
+from spark_keras.payload.stored import load_keras
+from tests.conftest import local_connect_server
+
+LAYERS = textwrap.dedent('''
+    import keras
+
+
+    @keras.saving.register_keras_serializable(package="{package}")
+    class GatedResidual(keras.layers.Layer):
+        """x + sigmoid(gate(x)) * dense(x)."""
+
+        def __init__(self, units=4, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+
+        def build(self, input_shape):
+            self.dense = keras.layers.Dense(self.units)
+            self.gate = keras.layers.Dense(self.units)
+            self.dense.build(input_shape)
+            self.gate.build(input_shape)
+
+        def call(self, x):
+            return x + keras.ops.sigmoid(self.gate(x)) * self.dense(x)
+
+        def get_config(self):
+            return {{**super().get_config(), "units": self.units}}
+''')
+
+
+def _module(folder, name: str, package: bool = False):
+    """A module ``name`` defining and registering ``GatedResidual`` in ``folder``: a
+    ``.py`` file, or a package folder; imported here."""
+    if package:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f"from {name}.layers import GatedResidual\n")
+        (folder / name / "layers.py").write_text(LAYERS.format(package=name))
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.py").write_text(LAYERS.format(package=name))
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_import_takes_a_file_a_package_folder_or_a_name_and_finds_their_layers(tmp_path):
+    """A ``.py`` file and a package folder are imported from their folders, their
+    registered classes found by registered name; the folder is zipped as ``name/...``;
+    a missing module or file stops the job naming it."""
+    _module(tmp_path / "src", "sk55_file_layers")
+    _module(tmp_path / "src", "sk55_pkg_layers", package=True)
+    found = import_modules([str(tmp_path / "src" / "sk55_file_layers.py"),
+                            str(tmp_path / "src" / "sk55_pkg_layers"), "json"])
+    assert [item.name for item in found] == ["sk55_file_layers", "sk55_pkg_layers", "json"]
+    objects = registered_objects(found)
+    assert sorted(objects) == ["sk55_file_layers>GatedResidual", "sk55_pkg_layers>GatedResidual"]
+    with zipfile.ZipFile(imports._zipped(found[1])) as archive:
+        assert sorted(archive.namelist()) == ["sk55_pkg_layers/__init__.py",
+                                              "sk55_pkg_layers/layers.py"]
+    with pytest.raises(JobError, match=r"--import 'sk55_nowhere': cannot import 'sk55_nowhere': "
+                                       r"ModuleNotFoundError"):
+        import_modules(["sk55_nowhere"])
+    with pytest.raises(JobError, match="no such .py file or package folder"):
+        import_modules([str(tmp_path / "gone.py")])
+
+
+def test_a_class_no_module_registers_and_a_lambda_are_one_short_line(tmp_path):
+    """What the job says when Keras cannot rebuild the model here: the class it cannot
+    locate and --import, in one short line (Keras's own text is ~1,500 characters); a
+    Lambda layer: --unsafe-deserialization, not safe_mode=False, which the job has not."""
+    layers = _module(tmp_path / "src", "sk55_unregistered")
+    model = keras.Sequential([keras.Input((4,)), layers.GatedResidual(4), keras.layers.Dense(1)])
+    model.save(tmp_path / "custom.keras")
+    registry = keras.saving.get_custom_objects()
+    kept = registry.pop("sk55_unregistered>GatedResidual")  # as in a fresh process
+    try:
+        with pytest.raises(PayloadError) as caught:
+            load_keras(str(tmp_path / "custom.keras"), None, True)
+    finally:
+        registry["sk55_unregistered>GatedResidual"] = kept
+    assert len(str(caught.value)) > 1000
+    said = explain_load_failure(str(caught.value))
+    assert said is not None and "'GatedResidual'" in said and "--import MODULE" in said
+    assert len(said) < 250, said
+
+    keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t * 2.0)]).save(
+        tmp_path / "lambda.keras")
+    with pytest.raises(PayloadError) as caught:
+        load_keras(str(tmp_path / "lambda.keras"), None, True)
+    said = explain_load_failure(str(caught.value))
+    assert said is not None and "--unsafe-deserialization" in said and "safe_mode" not in said
+
+
+@pytest.mark.slow  # two whole jobs (a JVM, a Connect server): 1-2 minutes each here
+@pytest.mark.parametrize("where", ["classic", "connect"])
+def test_the_installed_command_scores_custom_and_lambda_layers_from_another_folder(
+        tmp_path, where):
+    """A model with a registered custom layer (its module in a folder of its own, not on
+    any path) and a Lambda layer, scored by the installed ``spark-keras score`` run from
+    another working folder with ``--import`` (a .py file classic, a package folder on
+    Connect) and ``--unsafe-deserialization``: the predictions are the model's."""
+    name = f"sk55_{where}_layers"
+    layers = _module(tmp_path / "src", name, package=where == "connect")
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((4,)), layers.GatedResidual(4),
+                              keras.layers.Lambda(lambda t: t * 2.0), keras.layers.Dense(2)])
+    model.save(tmp_path / "model.keras")
+    x = np.random.default_rng(5).standard_normal((64, 4)).astype("float32")
+    pd.DataFrame({"id": np.arange(64), "features": list(x)}).to_parquet(tmp_path / "in.parquet",
+                                                                       index=False)
+    module = tmp_path / "src" / (name if where == "connect" else f"{name}.py")
+    (tmp_path / "elsewhere").mkdir()
+    command = os.path.join(os.path.dirname(sys.executable), "spark-keras")
+    argv = [command, "score", "--model", str(tmp_path / "model.keras"), "--input",
+            str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--features",
+            "features", "--import", os.path.relpath(module, tmp_path / "elsewhere"),
+            "--unsafe-deserialization",
+            *(["--remote", "local[2]"] if where == "connect" else ["--master", "local[2]"])]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARK_REMOTE", "SPARK_KERAS_BUILD_LOG", "PYTHONPATH")}
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               TF_CPP_MIN_LOG_LEVEL="2")
+    with local_connect_server() if where == "connect" else contextlib.nullcontext():
+        proc = subprocess.run(argv, cwd=tmp_path / "elsewhere", env=env, capture_output=True,
+                              text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--unsafe-deserialization: the model's Lambda layers run their Python code" in proc.stderr
+    scored = pd.read_parquet(tmp_path / "out").sort_values("id")
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()),
+                               model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
