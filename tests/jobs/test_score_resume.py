@@ -381,8 +381,9 @@ def running_tasks_in(lines: list[str]) -> list[tuple[int, int]]:
 
 
 def test_progress_lines_say_how_far_the_job_is(spark, data, tmp_path, caplog):
-    """With --progress a line every --progress-seconds while Spark scores: the running
-    stages' tasks done (rising, never past their count), elapsed time and ETA; with
+    """With --progress a line every --progress-seconds while Spark scores: the rows scored
+    of the input's (rising, never past them), rows/s, the running stages' tasks done
+    (rising, never past their count), elapsed time and ETA; with
     --resume the groups, rows and invalid rows committed too, rising to the total. Without
     it (the default when stderr is not a terminal) no line and no thread."""
     caplog.set_level(logging.INFO, logger="spark_keras.jobs.score")
@@ -395,9 +396,12 @@ def test_progress_lines_say_how_far_the_job_is(spark, data, tmp_path, caplog):
     beats = [line for line in lines if line.startswith("scoring: ")]
     tasks = running_tasks_in(beats)
     assert tasks and all(0 <= done <= total for done, total in tasks), beats
-    assert all(re.fullmatch(r"scoring: (\d+ of \d+ tasks, \d\d:\d\d:\d\d elapsed, ETA "
-                            r"(\d\d:\d\d:\d\d|unknown)|no Spark stage running, "
+    assert all(re.fullmatch(r"scoring: ([\d,]+ of 1,800 rows, [\d,]+ rows/s, (\d+ of \d+ tasks, "
+                            r"\d\d:\d\d:\d\d elapsed, ETA (\d\d:\d\d:\d\d|unknown)|no Spark "
+                            r"stage running, \d\d:\d\d:\d\d elapsed)|no Spark stage running, "
                             r"\d\d:\d\d:\d\d elapsed)", line) for line in beats), beats
+    rows = [int(m[1].replace(",", "")) for line in beats if (m := re.match(r"scoring: ([\d,]+) of", line))]
+    assert rows and rows == sorted(rows) and rows[-1] <= 6 * ROWS, beats  # issue 55 item 4
     for total in {t for _, t in tasks}:  # one stage's count only rises
         done = [d for d, t in tasks if t == total]
         assert done == sorted(done), beats
@@ -441,7 +445,7 @@ def test_connect_progress_counts_the_stages_not_done():
     """Spark Connect's handler gets every stage of the operation, done or not."""
     from pyspark.sql.connect.shell.progress import StageInfo
 
-    from spark_keras.jobs.score.progress import running_tasks
+    from spark_keras.jobs.score.progress import Running, running_tasks
 
     stages = [StageInfo(stage_id=0, num_tasks=4, num_completed_tasks=4, num_bytes_read=10,
                         done=True),
@@ -449,7 +453,7 @@ def test_connect_progress_counts_the_stages_not_done():
                         done=False),
               StageInfo(stage_id=2, num_tasks=2, num_completed_tasks=0, num_bytes_read=0,
                         done=False)]
-    assert running_tasks(stages) == (3, 10)
+    assert running_tasks(stages) == Running(3, 10)  # no rows: Connect reports none
     assert running_tasks(stages[:1]) is None and running_tasks([]) is None
 
 

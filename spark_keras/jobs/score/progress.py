@@ -10,24 +10,43 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from spark_keras.jobs.score.manifest import Plan
 
-__all__ = ["Tasks", "Heartbeat", "Progress", "running_tasks", "count", "byte_size", "clock",
-           "eta"]
+__all__ = ["Running", "Tasks", "Heartbeat", "Progress", "running_tasks", "scoring_line", "count",
+           "byte_size", "clock", "eta"]
 
 logger = logging.getLogger("spark_keras.jobs.score")
 
-Tasks = Optional[Tuple[int, int]]  # (tasks done, tasks) of the running stages; None: none run
+# the plan nodes that run the scoring's Python, whose "number of output rows" is rows scored
+PYTHON_NODES = ("ArrowEvalPython", "MapInArrow", "PythonMapInArrow", "MapInPandas",
+                "BatchEvalPython")
+_RECENT = 8  # the session's latest SQL executions looked at for running ones
+
+
+class Running(NamedTuple):
+    """The running stages' tasks done and tasks (0 of 0: no stage runs, but a query that
+    scored rows does), and the rows the scoring returned so far in the running queries
+    (classic Spark; None on Spark Connect, whose progress has none)."""
+
+    done: int
+    total: int
+    rows: Optional[int] = None
+
+
+Tasks = Optional[Running]  # None: no stage runs (nor a query that scored rows)
 
 
 def count(n: float) -> str:
-    """1,234 / 12.3k / 1.2M / 3.4B."""
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e4, "k")):
-        if abs(n) >= scale:
+    """1,234 / 12.3k / 1.2M / 3.4B: exact below 10,000, else in thousands, millions or
+    billions, one decimal."""
+    if abs(n) < 1e4:
+        return f"{n:,.0f}"
+    for scale, unit in ((1e3, "k"), (1e6, "M")):
+        if abs(round(n / scale, 1)) < 1000:
             return f"{n / scale:.1f}{unit}"
-    return f"{n:,.0f}"
+    return f"{n / 1e9:.1f}B"
 
 
 def byte_size(n: float) -> str:
@@ -57,7 +76,34 @@ def running_tasks(stages: Any) -> Tasks:
     running = [s for s in stages if not s.done]
     if not running:
         return None
-    return sum(s.num_completed_tasks for s in running), sum(s.num_tasks for s in running)
+    return Running(sum(s.num_completed_tasks for s in running),
+                   sum(s.num_tasks for s in running))
+
+
+def scored_rows(store: Any) -> int:
+    """The rows the Python nodes (:data:`PYTHON_NODES`) of the running SQL executions
+    returned so far, from the session's SQL status store (``SQLAppStatusStore``: their
+    ``number of output rows``, which grows as executors' heartbeats and finished tasks
+    report it)."""
+    rows = 0
+    latest = store.executionsList(max(0, store.executionsCount() - _RECENT), _RECENT)
+    for i in range(latest.size()):
+        execution = latest.apply(i)
+        if execution.completionTime().isDefined():
+            continue
+        values = store.executionMetrics(execution.executionId())
+        nodes = store.planGraph(execution.executionId()).allNodes()
+        for j in range(nodes.size()):
+            node = nodes.apply(j)
+            if node.name() not in PYTHON_NODES:
+                continue
+            metrics = node.metrics()
+            for k in range(metrics.size()):
+                metric = metrics.apply(k)
+                value = values.get(metric.accumulatorId())
+                if metric.name() == "number of output rows" and value.isDefined():
+                    rows += int(value.get().replace(",", ""))
+    return rows
 
 
 class _ClassicTasks:
@@ -65,13 +111,16 @@ class _ClassicTasks:
 
     def __init__(self, spark: Any) -> None:
         self._tracker = spark.sparkContext.statusTracker()
+        self._sql = spark._jsparkSession.sharedState().statusStore()
 
     def __call__(self) -> Tasks:
         stages = [self._tracker.getStageInfo(i) for i in self._tracker.getActiveStageIds()]
         stages = [s for s in stages if s is not None]
-        if not stages:
+        rows = scored_rows(self._sql)
+        if not stages and not rows:
             return None
-        return sum(s.numCompletedTasks for s in stages), sum(s.numTasks for s in stages)
+        return Running(sum(s.numCompletedTasks for s in stages),
+                       sum(s.numTasks for s in stages), rows)
 
     def close(self) -> None:
         pass
@@ -106,6 +155,15 @@ class Heartbeat:
         self._spark = spark
         self._seconds = seconds
 
+    def rows_of(self, df: Any, fmt: str) -> int | None:
+        """The rows of the input ``df`` when the lines can use them (on, classic Spark, and
+        a parquet input, whose count Spark reads from the files' footers); else None."""
+        from spark_keras.executor.transport import is_connect
+
+        if self._seconds is None or fmt != "parquet" or is_connect(self._spark):
+            return None
+        return int(df.count())
+
     @contextlib.contextmanager
     def beating(self, describe: Callable[[Tasks], str]) -> Iterator[None]:
         """Log ``describe(tasks)`` every ``seconds`` until the block ends."""
@@ -133,6 +191,26 @@ class Heartbeat:
             stop.set()
             thread.join()
             source.close()
+
+
+def scoring_line(started: float, total_rows: int | None = None) -> Callable[[Tasks], str]:
+    """What a run without ``--resume`` logs of its running ``tasks``, scoring since
+    ``started`` (``time.perf_counter()``): the rows scored (of ``total_rows`` if known),
+    rows/s, tasks, time elapsed and the ETA (by rows if both are known, else by tasks)."""
+    def line(tasks: Tasks) -> str:
+        elapsed = time.perf_counter() - started
+        if tasks is None:
+            return f"scoring: no Spark stage running, {clock(elapsed)} elapsed"
+        rows, text = tasks.rows, "scoring: "
+        if rows is not None:
+            text += (f"{count(rows)}{'' if total_rows is None else f' of {count(total_rows)}'}"
+                     f" rows, {count(rows / max(elapsed, 1e-9))} rows/s, ")
+        if not tasks.total:
+            return f"{text}no Spark stage running, {clock(elapsed)} elapsed"
+        left = eta(elapsed, rows, total_rows) if rows is not None and total_rows \
+            else eta(elapsed, tasks.done, tasks.total)
+        return f"{text}{tasks.done} of {tasks.total} tasks, {clock(elapsed)} elapsed, ETA {left}"
+    return line
 
 
 class Progress:
@@ -189,7 +267,8 @@ class Progress:
                 f"ETA {eta(seconds, done, self._left)}")
         if group is not None:
             text += f"; group {group + 1}: " + \
-                ("no Spark stage running" if tasks is None else f"{tasks[0]} of {tasks[1]} tasks")
+                ("no Spark stage running" if tasks is None or not tasks[1]
+                 else f"{tasks[0]} of {tasks[1]} tasks")
         return text
 
     def summary(self) -> dict:

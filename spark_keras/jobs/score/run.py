@@ -33,7 +33,7 @@ from spark_keras.jobs.score.inflight import run_groups
 from spark_keras.jobs.score.lease import Leases
 from spark_keras.jobs.score.outputs import Outputs
 from spark_keras.jobs.score.parallel import Jobs
-from spark_keras.jobs.score.progress import Heartbeat, Tasks, clock, eta
+from spark_keras.jobs.score.progress import Heartbeat, scoring_line
 from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
 from spark_keras.spark.figures import reasons_observed
 
@@ -321,7 +321,7 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
         else:
             logger.info("scoring %r into %r", args.input, args.output or args.output_table)
             summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,
-                                     leases.check)
+                                     leases.check, heartbeat.rows_of(df, fmt))
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
                 "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
                 summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
@@ -346,21 +346,14 @@ def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: ma
 
 
 def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, overwrite: bool,
-                   heartbeat: Heartbeat, held: Callable[[], None]) -> dict:
+                   heartbeat: Heartbeat, held: Callable[[], None],
+                   input_rows: int | None = None) -> dict:
     """Write the scored input as one output (:func:`_publish`, ``held`` checking this job
-    still holds it); the job's figures."""
+    still holds it); the job's figures. ``input_rows``: the input's, for the progress
+    lines' ETA."""
     frame, observation = scored
     started = time.perf_counter()
-
-    def line(tasks: Tasks) -> str:
-        elapsed = time.perf_counter() - started
-        if tasks is None:
-            return f"scoring: no Spark stage running, {clock(elapsed)} elapsed"
-        done, total = tasks
-        return (f"scoring: {done} of {total} tasks, {clock(elapsed)} elapsed, "
-                f"ETA {eta(elapsed, done, total)}")
-
-    with heartbeat.beating(line):
+    with heartbeat.beating(scoring_line(started, input_rows)):
         _publish(frame, paths, outputs, overwrite, held)
     seconds = time.perf_counter() - started
     figures = observation.get
