@@ -264,10 +264,11 @@ def load(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
 
 
 def load_mapped(path: PathLike, *, custom_objects: Mapping[str, Any] | None = None,
-                safe_mode: bool = True, share_weights: bool = False
-                ) -> tuple[Any, mapped.WeightMemory]:
-    """:func:`load`, and where the model's weights ended up (shared or private bytes)."""
-    view = mapped.map_file(path, copy_on_write=share_weights)
+                safe_mode: bool = True, share_weights: bool = False,
+                expect: tuple[int, ...] | None = None) -> tuple[Any, mapped.WeightMemory]:
+    """:func:`load`, and where the model's weights ended up (shared or private bytes);
+    ``expect``: see :func:`.mapped.map_file`."""
+    view = mapped.map_file(path, copy_on_write=share_weights, expect=expect)
     keep = False
     try:
         model = loads(view, custom_objects=custom_objects, safe_mode=safe_mode,

@@ -51,6 +51,7 @@ import time
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from spark_keras.errors import ArgumentTypeError, LocalWriteError, PayloadError, SparkKerasError
+from spark_keras.payload import mapped
 from spark_keras.private_folder import private_folder
 from spark_keras.storage import write_atomically
 
@@ -125,8 +126,13 @@ _MAX_VERIFIED = 1024
 
 
 def _stamp(path: str) -> tuple[int, ...]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    return mapped.stamp(os.stat(path))
+
+
+def checked_stamp(path: str) -> tuple[int, ...] | None:
+    """The :func:`.mapped.stamp` of the file at ``path`` that passed its caller's
+    ``verify`` in this process (None if none did): what its mapping must still be."""
+    return _verified.get(path)
 
 
 def _checked(path: str, verify: Callable[[str], Any] | None) -> str:

@@ -27,12 +27,25 @@ from spark_keras.errors import PayloadError
 ALIGNMENT = 64  # TensorFlow's EIGEN_MAX_ALIGN_BYTES on x86-64 and aarch64
 
 
-def map_file(path: str | os.PathLike, *, copy_on_write: bool = True) -> memoryview:
+def stamp(st: os.stat_result) -> tuple[int, ...]:
+    """A file's identity and state: (device, inode, size, mtime, ctime); a file replaced
+    or written since (other than through a shared mapping) has another."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def map_file(path: str | os.PathLike, *, copy_on_write: bool = True,
+             expect: tuple[int, ...] | None = None) -> memoryview:
     """``path`` memory-mapped: copy-on-write and writable (numpy exports writable arrays
-    only through DLPack), or read-only. Nothing is read until used."""
+    only through DLPack), or read-only. Nothing is read until used. Given ``expect`` (the
+    :func:`stamp` of the file a check passed), the file opened must still be that one:
+    a file replaced or written between its check and its mapping is refused."""
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
+            st = os.fstat(f.fileno())
+            if expect is not None and stamp(st) != expect:
+                raise PayloadError(f"payload file {os.fspath(path)!r} changed between its "
+                                   f"digest check and its mapping; not mapped")
+            if st.st_size == 0:
                 raise PayloadError(f"payload file {os.fspath(path)!r} is empty")
             access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
             return memoryview(mmap.mmap(f.fileno(), 0, access=access))

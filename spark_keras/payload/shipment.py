@@ -118,9 +118,12 @@ class Shipment:
                       rewrite: Callable[[BinaryIO], Any] | None = None
                       ) -> tuple[Any, int, dict[str, Any]]:
         path = host_file.land(folder, key, nbytes, fetch, write=write, verify=verify)
-        loaded = host_file.identity(path)  # before loading: another process may replace it
+        # the file mapped must be the one verify passed (one replaced since is refused),
+        # and a file another process replaces while this one loads it is loaded again
+        checked = host_file.checked_stamp(path) if verify is not None else None
+        loaded = (checked[0], checked[1]) if checked else host_file.identity(path)
         try:
-            return self.build_from_file(path, share_weights=share_weights)
+            return self.build_from_file(path, share_weights=share_weights, expect=checked)
         except PayloadError:
             if host_file.identity(path) == loaded:  # the file this process loaded
                 if loaded is None or verifies(path):
@@ -129,7 +132,8 @@ class Shipment:
             # rewritten here, unless another process already replaced it: then that file
             path = host_file.land(folder, key, nbytes, fetch, write=rewrite or write,
                                   damaged=loaded, verify=verify)
-            return self.build_from_file(path, share_weights=share_weights)
+            checked = host_file.checked_stamp(path) if verify is not None else None
+            return self.build_from_file(path, share_weights=share_weights, expect=checked)
 
     def _build_private(self, key: str, payload: Callable[[], Any], reason: Exception
                        ) -> tuple[Any, int, dict[str, Any]]:
@@ -152,12 +156,15 @@ class Shipment:
                                "model again")
         return self.payload
 
-    def build_from_file(self, path: str, *, share_weights: bool = True
+    def build_from_file(self, path: str, *, share_weights: bool = True,
+                        expect: tuple[int, ...] | None = None
                         ) -> tuple[Any, int, dict[str, Any]]:
         """Like :meth:`build`, from a payload file (this shipment's payload left aside);
-        with ``share_weights``, on weights mapped from it."""
+        with ``share_weights``, on weights mapped from it; ``expect``: the stamp of the
+        file a check passed (:func:`.mapped.map_file`)."""
         model, memory = load_mapped(path, custom_objects=self.custom_objects(),
-                                    safe_mode=self.safe_mode, share_weights=share_weights)
+                                    safe_mode=self.safe_mode, share_weights=share_weights,
+                                    expect=expect)
         return model, os.path.getsize(path), memory.as_dict()
 
     def __repr__(self) -> str:

@@ -436,3 +436,34 @@ def test_a_holder_of_another_user_is_refused_before_anything_is_made_in_it(tmp_p
                                               f"by user '{NAME}', who may replace what it holds"):
         private_folder(str(theirs / host_file.FOLDER_NAME), holder=True)
     assert os.listdir(theirs) == []
+
+
+def test_a_file_replaced_between_its_check_and_its_mapping_is_refused(tmp_path):
+    """The digest check and the mapping see one file: a payload file swapped for another
+    model's (same size, loads) after it passed ``verify`` and before it is mapped is
+    refused with the digest's refusal, never built from."""
+    from spark_keras.payload.digest import check_file, file_digest
+
+    first, second = models.mlp(name="first"), models.mlp(name="first")
+    second.set_weights([w + 1.0 for w in first.get_weights()])
+    payload, other = sk.dumps(first), sk.dumps(second)
+    assert len(payload) == len(other) and payload != other
+    folder, key = str(tmp_path / "payloads"), "m"
+    path = host_file.land(folder, key, len(payload), lambda: payload)
+    expected = file_digest(path)
+    swapped = []
+
+    def verify(found: str) -> None:  # the check passes; then another process swaps the file
+        check_file(found, expected, "model m")
+        if not swapped:
+            swapped.append(found)
+            with open(f"{found}.swap", "wb") as f:
+                f.write(other)
+            os.replace(f"{found}.swap", found)
+
+    host_file._verified.clear()  # a fresh process: the file found written is checked
+    with pytest.raises(sk.PayloadError, match="replaced or altered"):
+        Shipment.of(first, payload=payload).build_shared(folder, key, len(payload),
+                                                         lambda: payload,
+                                                         verify=verify)
+    assert swapped
