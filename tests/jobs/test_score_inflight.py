@@ -20,6 +20,8 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.errors import InvalidRowsError
+from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.budget import JobBudget
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.files import HadoopPaths
@@ -112,6 +114,21 @@ def test_one_budget_over_the_commits_of_every_run():
     assert JobBudget(0, {}).action_limit() == 0 and JobBudget(None, before).action_limit() is None
 
 
+def test_a_driver_whose_beats_stalled_publishes_nothing_more(tmp_path, monkeypatch):
+    """Before each rename of a commit: a job whose own last beat is older than half the
+    takeover's wait stops (another host may judge it gone), even if its holder file is
+    still there."""
+    monkeypatch.setattr(score_lease, "STALE_SECONDS", 1.0)
+    monkeypatch.setattr(score_lease, "BEAT_SECONDS", 60.0)  # no beat after the first
+    monkeypatch.setattr(score_lease, "SETTLE_SECONDS", 0.1)
+    with score_lease.Leases(ArrowPaths(), [str(tmp_path / "out")]) as leases:
+        leases.held()
+        time.sleep(0.6)
+        leases.check()  # the holder file: still there
+        with pytest.raises(JobError, match=r"this job's lease beats stalled for \d+ s"):
+            leases.held()
+
+
 # --- the job's Python entry point, in the shared session ----------------------------------------
 
 def test_groups_in_flight_are_committed_each_as_written(spark, data, tmp_path):
@@ -124,6 +141,8 @@ def test_groups_in_flight_are_committed_each_as_written(spark, data, tmp_path):
     assert (summary["groups"], summary["rows"]) == (FILES, FILES * ROWS), summary
     found = records(out)
     assert sorted(found) == list(range(FILES)) and all(r["rows"] == ROWS for r in found.values())
+    # in flight together: the groups' times (each from its start to its write's end) overlap
+    assert sum(r["seconds"] for r in found.values()) > 1.5 * summary["seconds"], found
     assert read_sorted(out) == read_sorted(one)
     assert read_sorted(out)[0] == list(range(FILES * ROWS))
 
@@ -145,10 +164,12 @@ class StallingPaths(HadoopPaths):
 
 
 def test_a_driver_whose_lease_was_taken_over_inside_a_commit_renames_nothing_more(
-        spark, data, tmp_path):
+        spark, data, tmp_path, monkeypatch):
     """Another job takes the output over while this one is stalled after a commit's
-    record: the stalled job renames no file of that group and writes no record; a rerun
-    rolls the group forward and ends equal to an uninterrupted run."""
+    record (past the lease's last look): the stalled job renames no file of that group
+    and writes no record; a rerun rolls the group forward and ends equal to an
+    uninterrupted run."""
+    monkeypatch.setattr(score_lease, "CHECK_SECONDS", 0.2)
     out = tmp_path / "out"
     argv = job_argv(data, out, "--commit-bytes", "1")  # a group per file
     paths = StallingPaths(spark)
@@ -167,6 +188,7 @@ def test_a_driver_whose_lease_was_taken_over_inside_a_commit_renames_nothing_mor
         lease = tmp_path / ".out.spark-keras-lease"
         for name in os.listdir(lease):  # what a job judging this one dead removes
             os.remove(lease / name)
+        time.sleep(0.5)  # stalled on: past the last look at the lease
     finally:
         paths.resume.set()
         job.join(240)

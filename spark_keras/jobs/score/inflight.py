@@ -140,7 +140,7 @@ def run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
                     group.committing = True  # from here a rerun finishes or undoes it
                     leases.check()
                     record = commits.commit(plan, group.index, group.staging, record,
-                                            leases.check)
+                                            leases.held)
                     del running[future]
                     budget.add(record)
                     progress.add(group.index, record)

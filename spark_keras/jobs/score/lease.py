@@ -27,7 +27,11 @@ so it works wherever the job writes (local files, HDFS, object stores):
 * **Holding it.** Before each commit and the ``_SUCCESS`` file the job checks that its
   holder file is still there and the first: a job judged dead by another (beats stalled
   past :data:`STALE_SECONDS`), or one whose claim another's preceded, stops instead of
-  publishing over the other's output.
+  publishing over the other's output. Before each rename of a commit it checks again
+  (:meth:`Lease.held`): its own last beat must have landed less than half
+  :data:`STALE_SECONDS` ago (no other host can have judged it gone), and the holder
+  files are listed again once the last look is :data:`CHECK_SECONDS` old, so a driver
+  paused inside a commit past a takeover renames nothing more.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ logger = logging.getLogger("spark_keras.jobs.score")
 BEAT_SECONDS = 5.0  # a holder's new beat file, this often
 STALE_SECONDS = 30.0  # a holder on another host whose beats stalled this long is gone
 SETTLE_SECONDS = 1.0  # between writing a holder file and looking for rivals again
+CHECK_SECONDS = 1.0  # a commit's renames list the lease again once its last check is older
 _SUFFIX = ".spark-keras-lease"
 
 
@@ -97,6 +102,7 @@ class Lease:
         self._token = ""  # made as the holder file is written (take)
         self._holder = ""
         self._stop = threading.Event()
+        self._landed = self._checked = float("-inf")  # monotonic: last beat written, checked
         self._thread: threading.Thread | None = None
 
     def _holders(self) -> dict[str, str]:
@@ -194,6 +200,7 @@ class Lease:
 
     def _beat(self, n: int) -> None:
         self._paths.create(join(self.folder, f"beat-{self._token}-{n:012d}"), b"")
+        self._landed = time.monotonic()
         if n:
             self._paths.delete(join(self.folder, f"beat-{self._token}-{n - 1:012d}"))
 
@@ -208,11 +215,28 @@ class Lease:
 
     def check(self) -> None:
         """Raise :class:`JobError` unless this job still holds the output."""
+        self._checked = time.monotonic()
         holders = self._holders()
         if self._token not in holders or min(holders) != self._token:
             raise JobError(f"output {self._output!r}: another score job holds it now (this "
                            f"job's lease was taken over, or claimed after it); this job "
                            f"stops before publishing anything more")
+
+    def held(self) -> None:
+        """:meth:`check`, cheaply, right before a rename of a commit: raise
+        :class:`JobError` if this job's last beat landed more than half
+        :data:`STALE_SECONDS` ago (a job of another host may judge it gone from
+        :data:`STALE_SECONDS` after it: a driver paused, or whose beats fail), and
+        :meth:`check` again if the last check is more than :data:`CHECK_SECONDS` old (a
+        paused driver's is)."""
+        now = time.monotonic()
+        if now - self._landed > STALE_SECONDS / 2:
+            raise JobError(f"output {self._output!r}: this job's lease beats stalled for "
+                           f"{now - self._landed:.0f} s (a paused driver, a filesystem that "
+                           f"failed them): another job may take the output over; this job "
+                           f"stops before publishing anything more")
+        if now - self._checked > CHECK_SECONDS:
+            self.check()
 
     def release(self) -> None:
         """Give the output up (at the job's end, success or failure)."""
@@ -274,6 +298,11 @@ class Leases:
         """Raise :class:`JobError` unless this job still holds every folder."""
         for lease in self._leases:
             lease.check()
+
+    def held(self) -> None:
+        """:meth:`Lease.held` of every folder: before each rename of a commit."""
+        for lease in self._leases:
+            lease.held()
 
     def release(self) -> None:
         for lease in reversed(self._leases):
