@@ -16,7 +16,10 @@ per commit.
 
 from __future__ import annotations
 
+import collections
+
 from spark_keras.errors import InvalidRowsError
+from spark_keras.jobs.score.verdict import check_not_all_invalid
 
 __all__ = ["JobBudget"]
 
@@ -33,6 +36,9 @@ class JobBudget:
         self.max_invalid = max_invalid
         self.rows = sum(int(r["rows"]) for r in committed.values())
         self.invalid = sum(int(r["invalid_rows"]) for r in committed.values())
+        self.by_reason: collections.Counter[str] = collections.Counter()
+        for record in committed.values():
+            self.by_reason.update(record.get("invalid_by_reason", {}))
 
     @property
     def _count(self) -> bool:
@@ -61,10 +67,14 @@ class JobBudget:
         """Count a committed group."""
         self.rows += int(record["rows"])
         self.invalid += int(record["invalid_rows"])
+        self.by_reason.update(record.get("invalid_by_reason", {}))
 
     def judge(self) -> None:
         """Once every group is committed: raise :class:`InvalidRowsError` if the job's
-        invalid rows pass a fraction of its rows."""
+        invalid rows pass a fraction of its rows, or if every row was invalid without a
+        ``--max-invalid`` (:func:`~spark_keras.jobs.score.verdict.check_not_all_invalid`)."""
+        check_not_all_invalid(self.rows, self.invalid, self.by_reason, self.max_invalid,
+                              "the output stays without _SUCCESS")
         if self.max_invalid is None or self._count:
             return
         if self.invalid > self.max_invalid * self.rows:

@@ -77,10 +77,16 @@ gathers from every executor (classic or Connect, one host or many); the line's
 ``wall_seconds`` is the whole job's, Spark's start-up included. ``--metrics-json`` also
 has ``invalid_by_reason``: the invalid rows by class of reason (``{"input: NaN": 3,
 "model: InvalidArgumentError": 1}``), the transform's ``observe`` figure of that name.
+With ``--invalid-output`` the line also gives ``rows_written`` (the output's rows: less
+the invalid ones with ``--drop-invalid``) and ``rows_quarantined``. Every row invalid is
+an error (exit 2, naming the reasons; nothing published, or with ``--resume`` no
+``_SUCCESS``) unless ``--max-invalid`` lets them pass (then a warning).
 
 ``--progress`` logs a line on stderr when the job starts, one every ``--progress-seconds``
-(10) while Spark scores (the running stages' tasks done: ``scoring: 12 of 40 tasks, 00:01:10
-elapsed, ETA 00:02:43``; with ``--resume`` the groups, rows and invalid rows committed too),
+(10) while Spark scores (the rows scored, of the input's for parquet, rows/s and the
+running stages' tasks: ``scoring: 1.2M of 4.0M rows, 17.1k rows/s, 12 of 40 tasks,
+00:01:10 elapsed, ETA 00:03:24``; rows are counted on classic Spark, as executors'
+heartbeats report them; with ``--resume`` the groups, rows and invalid rows committed too),
 one after each commit and one when it is done; it is on by default when stderr is a
 terminal (``--no-progress`` turns it off). With ``--resume`` and ``--metrics-json`` the
 file is rewritten after each commit (``groups_total``, ``eta_seconds``, ``done``: false
@@ -289,13 +295,20 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
               file=sys.stderr)
         return status
     forget_jvm_log()
-    resumed = "".join(f" {key}={summary[key]}" for key in ("rows_skipped", "groups",
-                                                           "groups_skipped") if key in summary)
-    print(f"SCORED rows={summary['rows']} invalid_rows={summary['invalid_rows']} "
-          f"seconds={summary['seconds']} rows_per_second={summary['rows_per_second']} "
-          f"model_builds={summary['model_builds']} build_seconds={summary['build_seconds']} "
-          f"wall_seconds={time.perf_counter() - started:.3f}{resumed}")
+    print(scored_line(summary, time.perf_counter() - started))
     return 0
+
+
+def scored_line(summary: dict, wall_seconds: float) -> str:
+    """The ``SCORED`` line of a job's ``summary``: with a quarantine also the rows written
+    and quarantined; with ``--resume`` the rows and groups skipped and groups committed."""
+    more = "".join(f" {key}={summary[key]}" for key in ("rows_written", "rows_quarantined",
+                                                        "rows_skipped", "groups",
+                                                        "groups_skipped") if key in summary)
+    return (f"SCORED rows={summary['rows']} invalid_rows={summary['invalid_rows']} "
+            f"seconds={summary['seconds']} rows_per_second={summary['rows_per_second']} "
+            f"model_builds={summary['model_builds']} build_seconds={summary['build_seconds']} "
+            f"wall_seconds={wall_seconds:.3f}{more}")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,14 @@ class Outputs:
             *[_col(c) for c in self.input_columns],
             _col(error_col).alias(self.reason_col), _col(version_col).alias(self.version))
 
+    def rows_written(self, rows: int, invalid_rows: int) -> dict[str, int]:
+        """With a quarantine: the rows the output holds (less the invalid ones with
+        ``--drop-invalid``) and those the quarantine holds."""
+        if self.invalid_path is None:
+            return {}
+        return {"rows_written": rows - invalid_rows if self.drop_invalid else rows,
+                "rows_quarantined": invalid_rows}
+
     def check_schema(self, scored: Any) -> None:
         """Refuse (before any write) columns the output's format cannot hold: CSV takes
         numbers, strings, booleans, dates and times, not arrays, maps or structs."""

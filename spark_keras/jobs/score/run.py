@@ -35,6 +35,7 @@ from spark_keras.jobs.score.outputs import Outputs
 from spark_keras.jobs.score.parallel import Jobs
 from spark_keras.jobs.score.progress import Heartbeat, scoring_line
 from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
+from spark_keras.jobs.score.verdict import check_not_all_invalid
 from spark_keras.spark.figures import reasons_observed
 
 __all__ = ["run", "score", "manifest_options"]
@@ -171,12 +172,12 @@ def _table_location(spark: Any, paths: Paths, args: argparse.Namespace) -> str |
 
 
 def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
-             held: Callable[[], None]) -> None:
+             held: Callable[[], None], written: Callable[[], None] = lambda: None) -> None:
     """Write ``scored`` (:meth:`Outputs.write`) to staging folders beside the output and
-    the invalid rows' output, then, if this job still ``held`` its folders (it raises
-    otherwise), rename them into place (replacing old ones); a table is saved by Spark's
-    writer between the two, checked as it begins. Staging folders are removed if
-    anything fails."""
+    the invalid rows' output, then, if ``written()`` (it may raise: the rows' verdict)
+    and this job still ``held`` its folders (it raises otherwise), rename them into place
+    (replacing old ones); a table is saved by Spark's writer between the two, checked as
+    it begins. Staging folders are removed if anything fails."""
     staging = {target: f"{target.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
                for target in (outputs.path, outputs.invalid_path) if target is not None}
     with path_errors():
@@ -186,6 +187,7 @@ def _publish(scored: Any, paths: Paths, outputs: Outputs, overwrite: bool,
             if outputs.path is None:  # a table: Spark's writer publishes it as it writes
                 held()
             outputs.write(scored, main, invalid, overwrite=overwrite)
+            written()
             if outputs.path is not None:
                 held()
             for target in staging:  # one another job published since this one began
@@ -321,11 +323,12 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
         else:
             logger.info("scoring %r into %r", args.input, args.output or args.output_table)
             summary = _score_at_once(whole, paths, outputs, args.overwrite, heartbeat,
-                                     leases.check, heartbeat.rows_of(df, fmt))
+                                     leases.check, heartbeat.rows_of(df, fmt), args.max_invalid)
     logger.info("scored %d rows (%d invalid) in %.2fs (%.0f rows/s); %d model build(s) in "
                 "%.2fs", summary["rows"], summary["invalid_rows"], summary["seconds"],
                 summary["rows"] / max(summary["seconds"], 1e-9), summary["model_builds"],
                 summary["build_seconds"])
+    summary.update(outputs.rows_written(summary["rows"], summary["invalid_rows"]))
     committed(summary)
     return summary
 
@@ -347,14 +350,23 @@ def _table_made(spark: Any, args: argparse.Namespace, outputs: Outputs, plan: ma
 
 def _score_at_once(scored: tuple[Any, Any], paths: Paths, outputs: Outputs, overwrite: bool,
                    heartbeat: Heartbeat, held: Callable[[], None],
-                   input_rows: int | None = None) -> dict:
+                   input_rows: int | None = None, max_invalid: float | None = None) -> dict:
     """Write the scored input as one output (:func:`_publish`, ``held`` checking this job
-    still holds it); the job's figures. ``input_rows``: the input's, for the progress
-    lines' ETA."""
+    still holds it), unless every row was invalid and ``max_invalid`` is None
+    (:func:`~spark_keras.jobs.score.verdict.check_not_all_invalid`); the job's figures.
+    ``input_rows``: the input's, for the progress lines' ETA."""
     frame, observation = scored
     started = time.perf_counter()
+
+    def written() -> None:
+        figures = observation.get
+        check_not_all_invalid(int(figures["rows"]), int(figures["invalid_rows"]),
+                              reasons_observed(figures["invalid_by_reason"]), max_invalid,
+                              "the output is not published" if outputs.path is not None
+                              else "the table holds them")
+
     with heartbeat.beating(scoring_line(started, input_rows)):
-        _publish(frame, paths, outputs, overwrite, held)
+        _publish(frame, paths, outputs, overwrite, held, written)
     seconds = time.perf_counter() - started
     figures = observation.get
     rows = int(figures["rows"])
