@@ -156,6 +156,12 @@ class Count:
             return self.invalid > self.limit
         return self.invalid > self.limit * self.rows
 
+    def every_row_invalid(self, stage: int, tasks: int) -> bool:
+        """Whether every one of ``tasks`` partitions of ``stage`` reported its last batch,
+        some rows, and only invalid ones."""
+        found = self.stages.get(stage)
+        return found is not None and len(found.finals) >= tasks and 0 < found.rows == found.invalid
+
     def finals(self, stage: int) -> int:
         found = self.stages.get(stage)
         return 0 if found is None else len(found.finals)

@@ -81,6 +81,7 @@ class Ledger:
         self._unknown: collections.OrderedDict[tuple[str | None, int], float] = \
             collections.OrderedDict()  # stages not known yet: since when a last report waits
         self._warned: set[tuple[str, str]] = set()
+        self._warned_all_invalid: set[tuple[str, str]] = set()
         self.fractions = budget_fraction.Fractions()
 
     def register(self, key: str, limit: float) -> None:
@@ -150,6 +151,8 @@ class Ledger:
             if not count.fraction:
                 if count.over():
                     return {**answer, "passed": self.decide(count, "so far")}
+                if report.final and count.every_row_invalid(report.stage, stage.tasks):
+                    self.warn_all_invalid(where, count)
                 return answer
             return self.fractions.answer(self, count, report, stage, answer)
 
@@ -241,14 +244,30 @@ class Ledger:
         self.warn_alone(where, count.limit, why)
         return {"alone": why}
 
+    def warn_all_invalid(self, where: tuple[str, str], count: Count) -> None:
+        """Warn, once per budget and scope, that every row its stage scored was invalid
+        (almost never what a user wants; under its limit, nothing else says it)."""
+        if _first_time(self._warned_all_invalid, where):
+            first = f"; the first: {count.reasons[0]}" if count.reasons else ""
+            logger.warning("every row (%d) scored by the tasks of %s was invalid (max_invalid=%r "
+                           "let them pass): its predictions are all null%s", count.rows,
+                           describe(where[1]), count.limit, first)
+
     def warn_alone(self, where: tuple[str, str], limit: float, why: str) -> None:
         """Warn, once per budget and scope, that its tasks count alone."""
-        if where not in self._warned:
-            if len(self._warned) >= MAX_ENDED:
-                self._warned.clear()
-            self._warned.add(where)
+        if _first_time(self._warned, where):
             logger.warning("max_invalid=%r cannot be judged over %s: %s; its tasks count their "
                            "own rows (max_invalid_scope='task')", limit, describe(where[1]), why)
+
+
+def _first_time(seen: set[tuple[str, str]], where: tuple[str, str]) -> bool:
+    """Whether ``where`` is new to ``seen`` (added; at most :data:`MAX_ENDED` kept)."""
+    if where in seen:
+        return False
+    if len(seen) >= MAX_ENDED:
+        seen.clear()
+    seen.add(where)
+    return True
 
 
 stage_tasks = budget_stages.stage_tasks

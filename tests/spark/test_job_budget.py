@@ -337,3 +337,24 @@ def test_a_partitions_rows_and_invalid_rows_are_one_reports(spark, bm):
     with pytest.raises(Exception) as raised:
         forged.select("id", column).collect()
     assert passed(raised.value)[0] == "0.1"
+
+
+def test_an_action_whose_every_row_is_invalid_is_warned(spark, bm, caplog):
+    """Every row NaN under a count that lets them pass (issue 55 item 5): the driver warns
+    once, naming the rows and the first reason; one valid row: no warning."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="spark_keras")
+    rows = bm.transform(frame(spark, [ROWS, ROWS]), "features", on_invalid="null",
+                        max_invalid=10**6).collect()
+    assert len(rows) == 2 * ROWS and all(r.prediction is None for r in rows)
+    warned = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith("every row (")]
+    assert len(warned) == 1, warned
+    assert re.match(rf"every row \({2 * ROWS}\) scored by the tasks of SQL execution \d+ was "
+                    rf"invalid \(max_invalid=1000000 let them pass\): its predictions are all "
+                    rf"null; the first: column 'features': NaN", warned[0]), warned
+    caplog.clear()
+    bm.transform(frame(spark, [ROWS, ROWS - 1]), "features", on_invalid="null",
+                 max_invalid=10**6).collect()
+    assert not [r for r in caplog.records if r.getMessage().startswith("every row (")]
