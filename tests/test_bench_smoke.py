@@ -3,8 +3,6 @@ prediction check fails loudly."""
 
 from __future__ import annotations
 
-import gc
-import mmap
 import os
 import re
 import subprocess
@@ -17,7 +15,6 @@ import pytest
 from bench.coldstart_bench import assert_identical
 from bench.docs import TITLES, write_docs
 from bench.frames import Expected, PredictionMismatch, check_predictions
-from bench.harness import pss_kb
 from bench.targets import coldstart_goal, memory_targets
 from tests.conftest import REPO_ROOT
 
@@ -289,22 +286,54 @@ def _printed_table(out: str, column: str) -> list[dict[str, str]]:
     return rows
 
 
+# pss_kb's figures of 64 MiB of touched private memory and a 32 MiB file mapped and read,
+# taken in a fresh process: the pytest process's other threads and children (a freed
+# buffer, a forked child sharing its pages) would move its own figures in between
+_PSS_PROBE = """
+import gc, json, mmap, sys
+import numpy as np
+from bench.harness import pss_kb
+gc.collect()
+gc.disable()
+before = pss_kb()
+private = np.ones(8 * 2**20)
+with open(sys.argv[1], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+    assert len(mapped[::4096]) == 8192  # every page read
+    after = pss_kb()
+assert private.sum() == 8 * 2**20
+print(json.dumps({k: after[k] - before[k] for k in after}))
+"""
+
+
 def test_pss_tells_private_memory_from_mapped_files(tmp_path):
+    """Its figures grow by the private memory (anon) and the mapped file (file), while the
+    pytest process's own memory churns (a thread allocating and freeing 64 MiB)."""
+    import json
+    import threading
+
     path = tmp_path / "data"
     path.write_bytes(b"\1" * 32 * 2**20)
-    gc.collect()  # what earlier tests left for the collector goes now, not in between
-    gc.disable()
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            held = np.ones(8 * 2**20)
+            stop.wait(0.002)
+            del held
+            stop.wait(0.002)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
     try:
-        before = pss_kb()
-        private = np.ones(8 * 2**20)  # 64 MiB, touched
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            assert len(mapped[::4096]) == 8192  # every page read
-            after = pss_kb()
+        proc = subprocess.run([sys.executable, "-c", _PSS_PROBE, str(path)], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=120)
     finally:
-        gc.enable()
-    assert after["anon"] - before["anon"] >= 63 * 1024
-    assert after["file"] - before["file"] >= 31 * 1024
-    assert private.sum() == 8 * 2**20
+        stop.set()
+        thread.join()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grown = json.loads(proc.stdout)
+    assert grown["anon"] >= 63 * 1024, grown
+    assert grown["file"] >= 31 * 1024, grown
 
 
 def test_memory_target_is_read_at_four_workers():
