@@ -40,6 +40,7 @@ from spark_keras.channel.scopes import SCOPE_PROPERTIES, scope_of
 from spark_keras.errors import ChannelError, SparkKerasError
 from spark_keras.executor import shipped_objects
 from spark_keras.executor.transport.base import Transport
+from spark_keras.executor.transport.chunked import ChunkedTransport
 from spark_keras.executor.transport.served import ServedTransport
 from spark_keras.executor.transport.storage import StorageTransport
 from spark_keras.payload.stored import StoredModel
@@ -218,8 +219,9 @@ def _listening(address: Any) -> bool:
 
 def _as_version(handle: Any, version: dict[str, Any]) -> Any:
     """A copy of ``handle`` building ``version`` (the driver's answer): its payload read
-    from the driver, checked against the digest the answer carries, or from storage for
-    a URI (from the driver if it changed there); its custom objects the handle's own, or
+    from the chunk broadcasts the plan carries of it, else from the driver, checked
+    against the digest the answer carries, or from storage for a URI (from the driver if
+    it changed there); its custom objects the handle's own, or
     the file Spark shipped of them (checked); ``safe_mode`` always the handle's."""
     source, index, name = version["source"], version["index"], handle._name
     digest = source.get("sha256")
@@ -227,6 +229,7 @@ def _as_version(handle: Any, version: dict[str, Any]) -> Any:
         raise SparkKerasError(f"the driver's answer for model {name} version {index} carries "
                               f"no payload digest ({str(digest)[:80]!r}): refused")
     served = ServedTransport(handle._versions, name, index, digest)
+    shipped = handle._shipped.get(index)  # its chunk broadcasts, if the plan carries them
     objects = handle._recipe.objects if source.get("objects") is None else \
         shipped_objects.fetch(source["objects"], name, index)
     chosen = copy.copy(handle)  # through __getstate__: the plan's released keys are put back
@@ -234,6 +237,11 @@ def _as_version(handle: Any, version: dict[str, Any]) -> Any:
     chosen._key, chosen._nbytes, chosen._version = version["key"], version["nbytes"], version["label"]
     chosen._index, chosen._versions = index, None
     chosen._recipe = dataclasses.replace(handle._recipe, objects=objects)
-    chosen._transport = served if source.get("stored") is None else \
-        StorageTransport(StoredModel(**source["stored"]), handle._transport.rdds, served)
+    if source.get("stored") is not None:
+        chosen._transport = StorageTransport(StoredModel(**source["stored"]),
+                                             handle._transport.rdds, served)
+    elif shipped is not None:  # checked against the digest the driver's answer carries
+        chosen._transport = ChunkedTransport(None, shipped.chunks, served)
+    else:
+        chosen._transport = served
     return chosen

@@ -18,8 +18,9 @@ import spark_keras as sk
 from bench import large_bench
 from spark_keras.cache import read_build_log
 from spark_keras.executor import driver_payload
+from spark_keras.executor.transport import chunked
 from spark_keras.executor.transport.broadcast import BroadcastTransport
-from spark_keras.executor.transport.served import ServedTransport
+from spark_keras.executor.transport.chunked import ChunkedTransport
 
 MB = 2**20
 
@@ -72,9 +73,11 @@ def test_a_large_model_ships_from_the_driver_file_and_scores_exactly(spark, buil
     bm, peak = allocated_peak(lambda: sk.BroadcastModel(spark, model))
     warm.destroy()
     try:
-        assert isinstance(bm._transport, ServedTransport)
+        assert isinstance(bm._transport, ChunkedTransport)  # a chunk in memory at a time
+        assert len(bm._transport.chunks) == -(-bm._nbytes // chunked.CHUNK_BYTES)
         assert bm.key and bm._nbytes > 80 * MB
-        assert peak < 8 * MB, f"BroadcastModel allocated {peak / MB:.0f} MB on the driver"
+        assert peak < chunked.CHUNK_BYTES + 8 * MB, \
+            f"BroadcastModel allocated {peak / MB:.0f} MB on the driver"
         x = np.random.default_rng(1).standard_normal((64, 1024)).astype("float32")
         df = spark.createDataFrame([(i, x[i].tolist()) for i in range(64)],
                                    "id long, features array<float>").coalesce(1)
@@ -84,10 +87,12 @@ def test_a_large_model_ships_from_the_driver_file_and_scores_exactly(spark, buil
         # the worker's weights are views of the executor's file: no private copy
         records = [r for r in read_build_log(build_log) if r["key"] == bm.key]
         assert records and all(r["shared"] and r["private_bytes"] == 0 for r in records), records
-        # a large new version is streamed to the driver's file too, and served from there
+        # a large new version is streamed to the driver's file too, and shipped in chunks
         second = wide_model(80, seed=1)
         label, peak = allocated_peak(lambda: bm.update(second))
-        assert label == "2" and peak < 8 * MB, f"update allocated {peak / MB:.0f} MB"
+        assert label == "2" and peak < chunked.CHUNK_BYTES + 8 * MB, \
+            f"update allocated {peak / MB:.0f} MB"
+        assert isinstance(bm._shipped[2], ChunkedTransport)
         got = bm.transform(df, "features", version_col="v").toPandas().sort_values("id")
         assert set(got["v"]) == {"2"}
         found = np.stack(got["prediction"].to_numpy()).astype("float32")
@@ -121,7 +126,7 @@ def test_a_payload_larger_than_the_driver_heap_ships_and_scores_exactly():
     result = large_bench.launch(0.6, "auto", master="local[2]", driver_memory="512m")
     assert "error" not in result, result["error"]
     assert result["driver_heap_mib"] <= 512 < result["weights_gib"] * 1024
-    assert result["transport"] == "ServedTransport"
+    assert result["transport"] == "ChunkedTransport"
     assert result["rows"] == 32 and result["exact"], result
     # the driver's private memory while it shipped: no copy of the weights
     grew = result["driver_python_ship_peak_mib"] - result["driver_python_before_mib"]
@@ -134,7 +139,7 @@ def test_a_payload_larger_than_every_heap_crosses_executors():
     result = large_bench.launch(1.2, "auto", master="local-cluster[2,1,1024]",
                                 driver_memory="512m", executor_memory="512m")
     assert "error" not in result, result["error"]
-    assert result["transport"] == "ServedTransport"
+    assert result["transport"] == "ChunkedTransport"
     assert result["rows"] == 32 and result["exact"], result
     executors = [p for p in result["processes"] if p["role"] == "executor JVM"]
     assert len(executors) == 2

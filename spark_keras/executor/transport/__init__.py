@@ -3,13 +3,15 @@ module per kind of transport behind the small interface of :mod:`.base`, the kin
 by :func:`transport_for`.
 
 * :mod:`.broadcast` (classic Spark): a Spark broadcast of the payload bytes.
+* :mod:`.chunked` (classic Spark, a payload over 64 MiB): chunks of it, each a Spark
+  broadcast, that executors fetch from each other; the driver sends about one copy.
 * :mod:`.artifact` (Spark Connect, which has no SparkContext and no broadcast): a session
   artifact, one copy in each executor's session folder.
 * :mod:`.storage` (a model given by URI, classic or Connect): each executor reads it
   straight from storage, checked against the driver's digest.
 * :mod:`.served`: streamed from the driver's copy (``ship="driver"``, the versions
-  ``update`` ships, a URI's file changed in storage), refused unless its SHA-256 is the
-  one the driver fixed.
+  ``update`` ships to plans made before it, a URI's file changed in storage), refused
+  unless its SHA-256 is the one the driver fixed.
 
 All but the artifact land in one file per executor (:mod:`.executor_file`) that every
 worker maps: one copy of the weights per executor. The model's custom objects and
@@ -24,6 +26,7 @@ from spark_keras.executor.driver_payload import DriverPayload
 from spark_keras.executor.transport.artifact import ArtifactTransport
 from spark_keras.executor.transport.base import Transport
 from spark_keras.executor.transport.broadcast import BroadcastTransport
+from spark_keras.executor.transport.chunked import ChunkedTransport
 from spark_keras.executor.transport.served import ServedTransport
 from spark_keras.executor.transport.storage import StorageTransport
 
@@ -44,7 +47,8 @@ def transport_for(spark: Any, key: str, payload: DriverPayload,
     driver's file with ``ship="driver"``; else as a session artifact (Connect; from the
     driver for the tasks that do not see it); else, on classic Spark, as a broadcast with
     ``ship="broadcast"`` or when the payload is in memory (a small one, see
-    :mod:`spark_keras.executor.driver_payload`), from the driver's file when not.
+    :mod:`spark_keras.executor.driver_payload`), in chunk broadcasts from the driver's
+    file when not (the driver's copy kept for tasks of another SparkContext).
 
     ``keep()`` is called exactly when the driver must keep a copy to serve: it keeps the
     payload in the driver's version server (setting ``payload.path``) and gives the
@@ -55,7 +59,12 @@ def transport_for(spark: Any, key: str, payload: DriverPayload,
         served = keep()
         assert payload.path is not None, "keep() puts the payload in the driver's file"
         return ArtifactTransport.upload(spark, key, payload.path, served)
+    sc = getattr(spark, "sparkContext", spark)
     if ship == "broadcast" or (ship == "auto" and payload.data is not None):
         assert payload.data is not None, "a payload to broadcast is read into memory"
-        return BroadcastTransport(getattr(spark, "sparkContext", spark), payload.data)
-    return keep()
+        return BroadcastTransport(sc, payload.data)
+    served = keep()
+    if ship == "auto":
+        assert payload.path is not None, "keep() puts the payload in the driver's file"
+        return ChunkedTransport.ship(sc, served, payload.path)
+    return served

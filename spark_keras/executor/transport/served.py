@@ -67,7 +67,7 @@ class ServedTransport(Transport):
         from spark_keras.channel import client as channel_client
 
         delay, attempt, busy_since = 1.0, 0, None
-        hashing = _Hashing(out)
+        hashing = Hashing(out)
         while True:
             start = hashing.written  # a transfer cut short resumes after its last byte
             out.seek(start)
@@ -100,10 +100,14 @@ class ServedTransport(Transport):
                 time.sleep(delay)
                 delay *= 2
         out.flush()
-        found = hashing.hexdigest()
+        self.check_digest(hashing.hexdigest(), "from the driver")
+
+    def check_digest(self, found: str, source: str) -> None:
+        """Refuse a payload that arrived (``source``: how) with SHA-256 ``found``
+        unless it is the digest the driver fixed (:class:`~spark_keras.errors.PayloadError`)."""
         if not hmac.compare_digest(found, self.sha256):
             raise PayloadError(
-                f"the payload of model {self.name} version {self.index} from the driver has "
+                f"the payload of model {self.name} version {self.index} {source} has "
                 f"sha256 {found}, not {self.sha256}, the digest the driver fixed when it "
                 f"shipped it: it was altered after it was shipped; refused, nothing was "
                 f"built from it")
@@ -123,7 +127,7 @@ DOWNLOAD_ATTEMPTS = 4
 BUSY_WAIT = 900.0
 
 
-class _Hashing:
+class Hashing:
     """A file to write whose bytes are hashed on their way in."""
 
     def __init__(self, out: Any) -> None:
