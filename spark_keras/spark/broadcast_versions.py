@@ -77,7 +77,8 @@ def adopt(handle: Any, payload: driver_payload.DriverPayload, *, label: str | No
         # what the driver's answer tells workers (safe_mode is the handle's, in the
         # plan): the payload's digest, and that of custom objects other than the
         # handle's own, which Spark ships (no pickle in an answer)
-        source = {"sha256": file_digest(payload.path),
+        digest = file_digest(payload.path)
+        source = {"sha256": digest,
                   "objects": shipped_objects.ship(handle._application, recipe.objects,
                                                   handle._recipe.objects),
                   "stored": None if stored is None else dataclasses.asdict(stored)}
@@ -91,7 +92,7 @@ def adopt(handle: Any, payload: driver_payload.DriverPayload, *, label: str | No
             schedule.add(versions.Version(index, label, f"{name}.v{index}", payload.nbytes, source))
             handle._model, handle._version, handle._index = model, label, index
             if chunks is not None:
-                _adopt_chunks(handle, index, chunks, source["sha256"])
+                _adopt_chunks(handle, index, chunks, digest)
                 chunks = None
     except BaseException:
         payload.discard()
