@@ -21,7 +21,7 @@ import pytest
 
 from spark_keras.errors import PayloadError
 from spark_keras.jobs.score import imports
-from spark_keras.jobs.score.errors import JobError
+from spark_keras.jobs.score.errors import USAGE, JobError, outcome
 from spark_keras.jobs.score.imports import explain_load_failure, import_modules, registered_objects
 from spark_keras.payload.stored import load_keras
 from tests.conftest import local_connect_server
@@ -115,6 +115,18 @@ def test_a_class_no_module_registers_and_a_lambda_are_one_short_line(tmp_path):
         load_keras(str(tmp_path / "lambda.keras"), None, True)
     said = explain_load_failure(str(caught.value))
     assert said is not None and "--unsafe-deserialization" in said and "safe_mode" not in said
+
+
+def test_a_module_the_executors_cannot_import_is_a_line_naming_import():
+    """A worker's ``No module named 'mylayers'`` (a module imported on the driver only, by
+    name): exit 2, saying how to ship it, not an internal failure."""
+    with pytest.raises(ModuleNotFoundError) as caught:
+        importlib.import_module("sk55_only_on_the_driver.layers")
+    line, status = outcome(caught.value)
+    assert status == USAGE, line
+    assert line == ("the executors' Python cannot import 'sk55_only_on_the_driver': ship a local "
+                    "module to them with --import PATH/TO/sk55_only_on_the_driver.py (or its "
+                    "package folder), or install it there")
 
 
 @pytest.mark.slow  # two whole jobs (a JVM, a Connect server): 1-2 minutes each here

@@ -49,7 +49,8 @@ def reason(exc: BaseException) -> str:
 def outcome(exc: BaseException) -> tuple[str, int]:
     """The line to print for ``exc`` and the exit status: :data:`USAGE` for what the
     user can mend (a spark_keras error, on the driver or raised on purpose in a worker:
-    bad input, options, paths, model; executors whose Python cannot import the package),
+    bad input, options, paths, model; executors whose Python cannot import the package or
+    a module of the user's, a custom layer's: ``--import``),
     :data:`INTERNAL` for anything else."""
     if isinstance(exc, SparkKerasError):
         return str(exc), USAGE
@@ -61,4 +62,8 @@ def outcome(exc: BaseException) -> tuple[str, int]:
         return (f"the executors' Python cannot import {missing[1]!r}: give them one that has "
                 f"spark-keras installed (--conf spark.pyspark.python=/path/to/bin/python, "
                 f"or PYSPARK_PYTHON)"), USAGE
+    if missing:  # the user's own module (a custom layer's), imported on the driver only
+        return (f"the executors' Python cannot import {missing[1]!r}: ship a local module to "
+                f"them with --import PATH/TO/{missing[1].split('.')[0]}.py (or its package "
+                f"folder), or install it there"), USAGE
     return reason(exc), INTERNAL
