@@ -233,9 +233,10 @@ def test_a_rerun_with_another_model_options_or_input_is_refused(spark, data, com
     output untouched. ``--overwrite`` starts over."""
     before = sorted(p.name for p in committed.iterdir())
     line = refusal(spark, job_args(data, committed, source="flat", model="other.skp", per_group=3))
-    assert re.fullmatch(r"cannot resume '.*/out': the model is another one \(sha256 \w{12}\.\.\.; "
-                        r"the committed groups were scored by \w{12}\.\.\.\); pass --overwrite "
-                        r"to start over", line), line
+    assert re.fullmatch(r"cannot resume '.*/out': the model is another one \(config and weights "
+                        r"differ: its config sha256 \w{12}\.\.\. now, \w{12}\.\.\. for the "
+                        r"committed groups; its weights sha256 \w{12}\.\.\. now, \w{12}\.\.\. for "
+                        r"the committed groups\); pass --overwrite to start over", line), line
     line = refusal(spark, job_args(data, committed, "--output-col", "score", source="flat",
                                    per_group=3))
     assert "--output-col differs ('score' now, 'prediction' for the committed groups)" in line

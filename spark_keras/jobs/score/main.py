@@ -219,7 +219,8 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
     p.add_argument("--max-invalid", type=float, default=None, metavar="N|F",
                    help="with --on-invalid null: the most invalid rows the job may give, a "
                         "count (>= 1) or a fraction (< 1) of its rows, over every task of each "
-                        "Spark job it runs; beyond it the job fails")
+                        "Spark job it runs (with --resume: over the job's commits, and those "
+                        "of the runs it resumes); beyond it the job fails")
     p.add_argument("--resume", action="store_true",
                    help="write the output in commits (groups of input files) recorded in "
                         "OUTPUT/_spark_keras, and continue an output such a run left: score "
@@ -227,11 +228,13 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
                         "changed input files are refused: --overwrite starts over)")
     p.add_argument("--commit-bytes", type=_size, default=None, metavar="BYTES",
                    help="with --resume: the most input bytes in one commit, e.g. 512M "
-                        "(default: 1G, or what the output was begun with; a larger file is "
-                        "a commit of its own)")
+                        "(default: the input over 10x the groups in flight, the task slots "
+                        "+ 2: a kill loses about a tenth; or what the output was begun with; "
+                        "a larger file is a commit of its own)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="log how far the job is on stderr: a line every --progress-seconds "
-                        "(tasks done of the running stages, ETA) and after each commit "
+                        "(rows scored, rows/s, tasks done of the running stages, ETA) and "
+                        "after each commit "
                         "(groups, rows and invalid rows committed, rows/s, ETA) (default: on "
                         "when stderr is a terminal)")
     p.add_argument("--progress-seconds", type=_seconds, default=10.0, metavar="S",
