@@ -92,6 +92,8 @@ def test_answers_that_need_no_spark_come_before_it_starts(folder):
     _committed(folder, resumed)
     cases = {
         "missing model": (["--model", str(folder / "gone.keras")], "does not exist"),
+        "missing input": (["--input", str(folder / "gone.parquet")], "input path"),
+        "output exists": (["--output", str(folder / "in.csv")], "exists; pass --overwrite"),
         "not a model": (["--model", str(folder / "notes.keras")],
                         "neither a spark_keras payload nor a .keras file"),
         "missing column": (["--features", "feature"], "feature column(s) ['feature'] not in "

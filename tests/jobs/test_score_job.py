@@ -209,9 +209,11 @@ def failing_args(folder, case: str, prefix: str) -> list[str]:
     return [item for pair in args.items() for item in pair]
 
 
-@pytest.mark.parametrize("case", ["missing input", "missing model", "unreadable model",
-                                  "output exists", "unknown feature", "bad data", "bad row"])
-@pytest.mark.slow  # one spark-submit per case: about 2 minutes in all
+# The answers given before Spark starts (a missing input or model, a file that is no model,
+# an output that exists, a column the input lacks) are each checked without a JVM in
+# test_score_early; one of them goes through spark-submit here, beside two a Spark job gives.
+@pytest.mark.parametrize("case", ["unknown feature", "bad data", "bad row"])
+@pytest.mark.slow  # one spark-submit per case: about a minute in all
 def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     folder, _, _ = files
     expected, status = FAILURES[case]
