@@ -66,7 +66,7 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
     height, width, channels, mode = (fields[k].fill_null(0).to_numpy(zero_copy_only=False)
                                      .astype(np.int64) for k in ("height", "width", "nChannels", "mode"))
     data = fields["data"]
-    offsets, raw = _binary_buffers(data)
+    offsets, raw = binary_buffers(data)
     lengths = np.diff(offsets)
     problems = []
     if missing.any():
@@ -102,7 +102,7 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
     starts = offsets[:-1] - offsets[0]
     changed = ~bad & ((out_c != channels) | (out_h != height) | (out_w != width))
     if not changed.any() and not spec.variable:  # the common case: every image as the input takes it
-        return _ImagesRead(name, spec, n, raw, starts, [p for p in problems if p.rows.any()])
+        return ImagesRead(name, spec, n, raw, starts, [p for p in problems if p.rows.any()])
     if not changed.any():  # the bytes in place, channels reordered
         leaf = np.empty_like(raw)
         for r in np.flatnonzero(~bad):  # images are large: one slice each
@@ -127,29 +127,32 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
 
 
 @dataclass
-class _ImagesRead(ColumnRead):
+class ImagesRead(ColumnRead):
     """The read of images that all have the input's height, width and channels: ``leaf``
-    holds their bytes as stored (BGR(A)), and :meth:`values` gives :class:`ImageRows`."""
+    holds their uint8 bytes, in BGR(A) order as Spark stores them (``bgr``) or already
+    in RGB(A), and :meth:`values` gives :class:`ImageRows`."""
+
+    bgr: bool = True
 
     def values(self, keep: np.ndarray | None = None) -> Any:  # an ImageRows, array-like
         assert self.starts is not None
         starts = self.starts if keep is None else self.starts[keep]
-        return ImageRows(self.leaf, starts, self.spec.known_shape, self.spec.dtype)
+        return ImageRows(self.leaf, starts, self.spec.known_shape, self.spec.dtype, bgr=self.bgr)
 
 
 class ImageRows:
     """Images as the model input's ``(rows, H, W, C)`` array, made when sliced: each slice
-    (a model call's rows) converted then, from the Arrow buffer's BGR(A) bytes to RGB(A)
-    in the input's dtype, in one pass. A batch so never holds more converted rows than its
-    calls take (an Arrow batch of 64 MiB of pixels would be 256 MiB of float32), and a
-    call's rows can be made while the model computes the previous call's
-    (:mod:`.ahead`). ``numpy.asarray`` gives every row."""
+    (a model call's rows) converted then, from the Arrow buffer's BGR(A) bytes (or RGB(A)
+    bytes, ``bgr=False``) to RGB(A) in the input's dtype, in one pass. A batch so never
+    holds more converted rows than its calls take (an Arrow batch of 64 MiB of pixels
+    would be 256 MiB of float32), and a call's rows can be made while the model computes
+    the previous call's (:mod:`.ahead`). ``numpy.asarray`` gives every row."""
 
     rows_on_demand = True
 
     def __init__(self, raw: np.ndarray, starts: np.ndarray, shape: tuple[int, ...],
-                 dtype: str) -> None:
-        self._raw, self._starts = raw, np.asarray(starts, dtype=np.int64)
+                 dtype: str, bgr: bool = True) -> None:
+        self._raw, self._starts, self._bgr = raw, np.asarray(starts, dtype=np.int64), bgr
         self._shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
 
@@ -186,7 +189,7 @@ class ImageRows:
         out = np.empty((len(starts), h, w, c), dtype=self.dtype)
         for a, b, first in runs(starts, size):
             stored = self._raw[first:first + (b - a) * size].reshape(b - a, h, w, c)
-            if c == 1:
+            if c == 1 or not self._bgr:
                 out[a:b] = stored
             else:  # BGR(A) -> RGB(A), cast as it is copied
                 out[a:b, ..., :3] = stored[..., 2::-1]
@@ -227,7 +230,7 @@ def resized(pixels: np.ndarray, height: int, width: int, interpolation: str) -> 
     return out.reshape(height, width, c)
 
 
-def _binary_buffers(data: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def binary_buffers(data: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A binary column's offsets (``len + 1``, int64) and its bytes from the first row's
     start to the last row's end (a view of the Arrow buffer)."""
     width: type[np.signedinteger]

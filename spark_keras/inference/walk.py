@@ -8,7 +8,8 @@ scalar column for a vector input) are not row problems: they raise at once.
 Accepted columns: numbers; (nested) lists or fixed-size lists of numbers, of the input's
 shape or flattened at the innermost level; ``pyspark.ml.linalg`` Vectors in their Arrow
 form (struct of type/size/indices/values), dense or sparse; images of Spark's image data
-source, read by :mod:`.images` (:func:`read_column` takes every kind).
+source, read by :mod:`.images`; image files' bytes (a binary column for an image input),
+decoded by :mod:`.image_files` (:func:`read_column` takes every kind).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from spark_keras.inference.column_read import (
     null_rows,
     nulls,
 )
+from spark_keras.inference.image_files import is_image_files, read_image_files
 from spark_keras.inference.images import read_images
 from spark_keras.inference.specs import TensorSpec
 
@@ -87,6 +89,8 @@ def _read_column(name: str, arr: pa.Array, spec: TensorSpec,
     k = kind(arr.type)
     if k == "image":
         return read_images(name, arr, spec, resize)
+    if is_image_files(arr, spec):
+        return read_image_files(name, arr, spec, resize)
     if k == "vector":
         if leaf_kind(spec) != "number":
             raise not_numbers(name, arr.type.field("values").type, spec)

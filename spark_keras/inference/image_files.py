@@ -1,0 +1,107 @@
+"""Image files' bytes as the rows of an image input: a binary column
+(``spark.read.format("binaryFile")``'s ``content``, a parquet column of PNG or JPEG
+bytes...) fed to an input of shape ``(H, W, C)`` numbers, decoded in the worker.
+
+Each row is decoded as ``keras.utils.load_img`` decodes the file (PIL: the formats PIL
+reads), converted to the input's channels as ``load_img(color_mode="grayscale" | "rgb" |
+"rgba")`` converts it (PIL's ``convert``; an input of any channel count keeps 1, 3 or 4,
+other modes become RGB), and with ``resize`` resized to the input's height and width as
+``load_img(target_size=..., interpolation=...)`` resizes it. A null, a file PIL cannot
+decode, or (without ``resize``) an image of another size than the input's is an invalid
+row saying which. The pixels stay uint8 (RGB order) until a model call takes its rows
+(:class:`.images.ImageRows`): an Arrow batch is never held whole as float32.
+
+Decoding here costs the worker about 1.4 ms of CPU for a 224 x 224 PNG (PIL and
+TensorFlow's decoder alike, measured), where Spark's image data source decodes in the
+JVM and hands over rows of raw pixels (docs/benchmarks.md, the peers section).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from spark_keras._deps import require
+from spark_keras.errors import ModelInputError
+from spark_keras.inference.column_read import IMAGE_DATA, IMAGE_SIZE, NULL, ColumnRead, Problem, nulls
+from spark_keras.inference.images import ImagesRead, binary_buffers
+from spark_keras.inference.specs import TensorSpec
+
+# the input's channels -> PIL's mode (load_img's color_mode)
+_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+def is_image_files(arr: pa.Array, spec: TensorSpec) -> bool:
+    """Whether ``arr`` is a binary column fed to an image input (three dimensions of numbers)."""
+    t = arr.type
+    binary = pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+    return binary and spec.dtype != "string" and len(spec.shape) == 3
+
+
+def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | None = None) -> ColumnRead:
+    """The files in ``arr`` decoded as rows of ``spec`` (see the module's docstring)."""
+    require("PIL", f"decoding the image files of column {name!r}", "images")
+    from PIL import Image
+
+    want_h, want_w, want_c = spec.shape
+    if resize is not None and (want_h is None or want_w is None):
+        raise ModelInputError(
+            f"column {name!r}: resize={resize!r} resizes images to the model input's height "
+            f"and width, and {spec.name!r} takes any ({spec.describe()})")
+    n = len(arr)
+    missing = nulls(arr)
+    offsets, raw = binary_buffers(arr.cast(pa.binary()) if pa.types.is_fixed_size_binary(arr.type) else arr)
+    undecodable, misfit = np.zeros(n, bool), np.zeros(n, bool)
+    why: dict[int, str] = {}
+    found: dict[int, tuple[int, ...]] = {}
+    pixels: list[np.ndarray] = []
+    for r in np.flatnonzero(~missing):
+        data = raw[int(offsets[r] - offsets[0]):int(offsets[r + 1] - offsets[0])]
+        try:
+            image = _decoded(Image, data, want_c, (want_h, want_w) if resize is not None else None, resize)
+        except MemoryError:
+            raise
+        except Image.UnidentifiedImageError:
+            undecodable[r], why[int(r)] = True, "of no format PIL reads"
+            continue
+        except Exception as e:  # noqa: BLE001 - whatever PIL raises on a file is the row's fault
+            undecodable[r], why[int(r)] = True, f"{type(e).__name__}: {e}"
+            continue
+        if any(w is not None and w != d for w, d in zip(spec.shape, image.shape)):
+            misfit[r], found[int(r)] = True, image.shape
+            continue
+        pixels.append(image)
+    problems = [
+        Problem(missing, lambda r, at: f"null image file at {at}", NULL),
+        Problem(undecodable, lambda r, at: f"the bytes at {at} are not an image file PIL can "
+                f"decode ({why[r]})", IMAGE_DATA),
+        Problem(misfit, lambda r, at: (
+            f"the image at {at} is {' x '.join(map(str, found[r]))}; the model input takes "
+            f"{' x '.join('any' if d is None else str(d) for d in spec.shape)}"
+            + ("" if resize is not None else " (resize='bilinear' resizes images to it)")), IMAGE_SIZE)]
+    problems = [p for p in problems if p.rows.any()]
+    good = ~(missing | undecodable | misfit)
+    sizes = np.zeros(n, np.int64)
+    sizes[good] = [p.size for p in pixels]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    leaf = np.concatenate([p.reshape(-1) for p in pixels]) if pixels else np.zeros(0, np.uint8)
+    if not spec.variable:
+        return ImagesRead(name, spec, n, leaf, starts, problems, bgr=False)
+    shapes = np.zeros((n, 3), np.int64)
+    shapes[good] = [p.shape for p in pixels]
+    return ColumnRead(name, spec, n, leaf, starts, problems, shapes=shapes)
+
+
+def _decoded(Image: Any, data: np.ndarray, channels: int | None, size: tuple[Any, Any] | None,
+             resize: str | None) -> np.ndarray:
+    """One file as ``(H, W, C)`` uint8, as ``load_img`` would give it."""
+    with Image.open(io.BytesIO(data.data)) as image:
+        mode = _MODES.get(channels or 0) or (image.mode if image.mode in _MODES.values() else "RGB")
+        converted = image if image.mode == mode else image.convert(mode)
+        if size is not None and converted.size != (size[1], size[0]):
+            converted = converted.resize((size[1], size[0]), Image.Resampling[str(resize).upper()])
+        out = np.asarray(converted)
+    return out.reshape(*out.shape[:2], -1)

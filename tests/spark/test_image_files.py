@@ -1,0 +1,81 @@
+"""Image files' bytes (a binary column: ``binaryFile``'s ``content``) fed to an image input
+are decoded in the worker as ``keras.utils.load_img`` + ``img_to_array`` decode the same
+files (:mod:`spark_keras.inference.image_files`): every channel count converted to the
+input's, every size resized with ``resize=``; a file that cannot be decoded, or of
+another size without ``resize``, is an invalid row saying why. On the engine (no Spark)
+and through the workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import spark_keras as sk
+from spark_keras.inference.columns import from_arrow
+from spark_keras.inference.engine import model_inputs
+from tests.spark.test_images import SHAPE, _keras, _signature, pngs  # noqa: F401 (pngs: a fixture)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _files(data: dict[str, bytes]) -> tuple[list[str], pa.Array]:
+    names = sorted(data)
+    return names, pa.array([data[n] for n in names], pa.binary())
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("size, resize", [(SHAPE, None), ((7, 9), "bilinear"), ((3, 2), "bicubic")])
+def test_files_decoded_as_load_img(pngs, channels, size, resize):  # noqa: F811
+    _, data = pngs
+    names, column = _files(data)
+    (x,), invalid = model_inputs(from_arrow(["content"], [column]), _signature((*size, channels)),
+                                 "null", resize=resize)
+    assert invalid is None and x.shape == (3, *size, channels) and x.dtype == np.float32
+    for got, name in zip(x, names):
+        want = _keras(data[name], channels, size if resize else None, resize or "nearest")
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} as {channels} channel(s)")
+
+
+def test_bad_files_are_invalid_rows_saying_why(pngs):  # noqa: F811
+    _, data = pngs
+    good = data["color.png"]
+    column = pa.array([good, None, b"not an image", good[:60], good], pa.binary())
+    (x,), invalid = model_inputs(from_arrow(["content"], [column]), _signature((*SHAPE, 3)), "null")
+    assert invalid.tolist() == [False, True, True, True, False] and len(x) == 2
+    np.testing.assert_array_equal(x[1], _keras(good, 3))
+    for first, shape, reason in (
+            (None, SHAPE, r"null image file at row 0 of this batch"),
+            (b"junk", SHAPE, r"the bytes at row 0 of this batch are not an image file PIL can decode "
+                             r"\(of no format PIL reads\)"),
+            (good[:60], SHAPE, r"not an image file PIL can decode \((OSError|SyntaxError)"),
+            (good, (8, 8), r"is 4 x 5 x 3; the model input takes 8 x 8 x 3 \(resize='bilinear'")):
+        with pytest.raises(sk.ModelInputError, match=reason):
+            model_inputs(from_arrow(["content"], [pa.array([first, good], pa.binary())]),
+                         _signature((*shape, 3)))
+
+
+def test_files_decoded_in_the_workers(spark, pngs):  # noqa: F811
+    import keras
+
+    folder, data = pngs
+    df = spark.read.format("binaryFile").load(str(folder))
+    for shape, resize in (((*SHAPE, 3), None), ((6, 3, 1), "bilinear")):
+        echo = keras.Sequential([keras.Input(shape), keras.layers.Flatten()])
+        bm = sk.BroadcastModel(spark, echo, resize=resize)
+        try:
+            out = bm.transform(df, "content").select("path", "prediction").collect()
+        finally:
+            bm.destroy()
+        assert len(out) == 3
+        for r in out:  # every file, whatever its channels
+            want = _keras(data[r.path.rsplit("/", 1)[-1]], shape[-1], shape[:2] if resize else None,
+                          resize or "nearest")
+            np.testing.assert_array_equal(np.array(r.prediction, np.float32), want.reshape(-1))
+
+
+def test_a_binary_column_for_a_flat_input_is_still_a_column_error():
+    with pytest.raises(sk.ModelInputError, match=r"column 'content' has type binary; the model input "
+                                                 r"'img' expects numbers"):
+        model_inputs(from_arrow(["content"], [pa.array([b"x"], pa.binary())]), _signature((3,)))
+
