@@ -11,7 +11,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: test test-slow test-heavy test-bench test-compat lint docs docs-check demo bench bench-tf-keras fuzz fuzz-engine check-java venv clean
+.PHONY: test test-slow test-heavy test-bench test-compat lint docs docs-check demo bench bench-tf-keras bench-peers fuzz fuzz-engine check-java venv clean
 
 venv: $(STAMP)
 
@@ -90,6 +90,22 @@ bench: check-java $(STAMP)
 bench-tf-keras: check-java $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m bench --only payload --write $(BENCH_ARGS)
 
+# spark-keras against Ray Data and Daft on a folder of PNG files (bench/peers_bench.py; not in
+# `make test`). Ray goes into this venv (the `peers` extra); Daft 0.7 needs pyarrow < 26, so it
+# gets a venv of its own, .venv-daft, with TensorFlow and Pillow: the bench runs it there.
+DAFT_VENV ?= .venv-daft
+DAFT_STAMP := $(DAFT_VENV)/.installed
+
+bench-peers: check-java $(STAMP) $(DAFT_STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[peers]'
+	DAFT_PYTHON=$(abspath $(DAFT_VENV))/bin/python $(PY) -m bench.peers_bench $(BENCH_ARGS)
+
+$(DAFT_STAMP):
+	@test -x $(DAFT_VENV)/bin/python || $(PYTHON) -m venv $(DAFT_VENV)
+	$(DAFT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DAFT_VENV)/bin/python -m pip install --quiet 'daft==0.7.26' 'tensorflow-cpu==2.21.0' 'keras==3.15.1' 'pillow==13.0.0' 'pyarrow<26'
+	@touch $(DAFT_STAMP)
+
 # Coverage-guided fuzzing of the payload reader (atheris); FUZZ_SECONDS=300 by default.
 fuzz: $(STAMP)
 	$(PY) -m pip install --quiet atheris==3.0.0
@@ -104,4 +120,4 @@ fuzz-engine: $(STAMP)
 	  --hypothesis-profile=fuzz -o timeout=0 tests/differential/test_generated.py::test_fuzz_the_engine $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-spark35 .venv-tfkeras build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out site site-check
+	rm -rf $(VENV) .venv-spark35 .venv-tfkeras .venv-daft build dist *.egg-info .pytest_cache .hypothesis demo-out bench-out site site-check
