@@ -1,7 +1,7 @@
 """`python -m bench [--quick] [--only SECTION,...] [--write]`.
 
 Sections: payload, scoring, memory, dask, coldstart, frontends, inputs, threads,
-operations, isolation, keyed, large, commits, images.
+operations, isolation, keyed, large, transfer, commits, images.
 
 Prints each section's table. With --write, also rewrites the sections it ran in
 docs/benchmarks.md (tables, command, machine, date, targets met or not), keeping the
@@ -128,6 +128,14 @@ def _large(args: argparse.Namespace) -> Shown:
             targets.large_targets(rows))
 
 
+def _transfer(args: argparse.Namespace) -> Shown:
+    from bench import transfer_bench
+
+    rows = transfer_bench.run(quick=args.quick)
+    return ({"transfer": rows}, TITLES["transfer"], [table(rows, floatfmt="{:,.2f}")],
+            transfer_bench.targets(rows))
+
+
 def _commits(args: argparse.Namespace) -> Shown:
     from bench import commits_bench
 
@@ -146,7 +154,8 @@ def _images(args: argparse.Namespace) -> Shown:
 
 RUNNERS = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
            "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-           "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits,
+           "isolation": _isolation, "keyed": _keyed, "large": _large, "transfer": _transfer,
+           "commits": _commits,
            "images": _images}
 SECTIONS = tuple(RUNNERS)
 

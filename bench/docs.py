@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from bench import transfer_bench
 from bench.plots import image_line, render
 from bench.report import plot, table
 from bench.targets import (
@@ -34,6 +35,7 @@ TITLES = {  # section -> its heading in the docs (the order of the docs)
     "isolation": "## Rows that make the model raise: transform with row isolation vs without",
     "keyed": "## Many models in one job: KeyedModels vs one BroadcastModel per key",
     "large": "## A model larger than the JVM heaps, on local-cluster[2,1,1024]",
+    "transfer": transfer_bench.TITLE,
     "commits": "## The score job's commits (--resume) and progress (--progress) vs the plain job",
     "images": "## A heavy CNN on images: MobileNetV2 on Spark image rows and PNG bytes vs the model alone",
 }
@@ -320,7 +322,10 @@ def _large(results: dict) -> list[str]:
         "partition by partition on one thread (exact: bit-identical). Every process's peak "
         "resident set (GiB, from /proc every 50 ms; a worker's includes the pages of the "
         "mapped payload file, shared with the page cache) and the workers' private memory "
-        "(`RssAnon`) at its peak above its value at the end. `file://` URI: each executor "
+        "(`RssAnon`) at its peak above its value at the end. `ship='auto'`: chunk broadcasts "
+        "(8 MiB chunks, each a Spark broadcast, written into each executor's file); "
+        "`ship='driver'`: the driver's file, streamed by the driver's channel to each "
+        "executor. `file://` URI: each executor "
         "reads the file from storage. `ship='broadcast'`: the path every model took before "
         "(a broadcast, in the JVMs' heaps), with the default heap and with a 5 GiB one.", "",
         table(results["large"], floatfmt="{:,.2f}"), "",
@@ -400,7 +405,8 @@ _IMAGES_READING = (
 
 BODIES = {"payload": _payload, "scoring": _scoring, "memory": _memory, "dask": _dask, "coldstart": _coldstart,
           "frontends": _frontends, "inputs": _inputs, "threads": _threads, "operations": _operations,
-          "isolation": _isolation, "keyed": _keyed, "large": _large, "commits": _commits,
+          "isolation": _isolation, "keyed": _keyed, "large": _large, "transfer": transfer_bench.body,
+          "commits": _commits,
           "images": _images}
 
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from typing import Any
+
+from bench import socket_bytes
 
 WIDTH = 4096
 LAYER_BYTES = WIDTH * WIDTH * 4
@@ -53,12 +56,12 @@ class Peaks:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for pid, role in _tree(os.getpid()).items():
+            for pid, (role, parent) in _tree(os.getpid()).items():
                 status = _status(pid)
                 if status is None:
                     continue
                 entry = self.seen.setdefault(pid, {"rss": 0, "anon": 0})
-                entry["role"] = role  # (a launcher script may exec the JVM)
+                entry["role"], entry["ppid"] = role, parent  # (a launcher script may exec the JVM)
                 entry["rss"] = max(entry["rss"], status.get("VmRSS", 0))
                 entry["anon"] = max(entry["anon"], status.get("RssAnon", 0))
                 entry["anon_now"] = status.get("RssAnon", 0)
@@ -92,8 +95,8 @@ def _status(pid: int) -> dict[str, int] | None:
     return out
 
 
-def _tree(root: int) -> dict[int, str]:
-    """The processes under ``root`` (and itself), each with its role."""
+def _tree(root: int) -> dict[int, tuple[str, int]]:
+    """The processes under ``root`` (and itself), each with its role and its parent."""
     parents: dict[int, int] = {}
     commands: dict[int, str] = {}
     for name in os.listdir("/proc"):
@@ -127,7 +130,7 @@ def _tree(root: int) -> dict[int, str]:
             else:
                 roles[pid] = "other"
             changed = True
-    return roles
+    return {pid: (role, parents.get(pid, 0)) for pid, role in roles.items()}
 
 
 def one(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,6 +146,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     import spark_keras as sk
+    from spark_keras.cache import read_build_log
     from spark_keras.executor.driver_payload import weights_nbytes
     from spark_keras.inference.predictor import predictor_for
 
@@ -152,7 +156,8 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
                .config("spark.executor.memoryOverhead", "6g")
                .config("spark.pyspark.python", sys.executable)
                .config("spark.executorEnv.PYTHONPATH", REPO)
-               .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2"))
+               .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+               .config("spark.executorEnv.SPARK_KERAS_BUILD_LOG", os.path.join(args.tmp, "builds")))
     if args.executor_memory:
         builder = builder.config("spark.executor.memory", args.executor_memory)
     spark = builder.getOrCreate()
@@ -172,19 +177,25 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     rows = rng.standard_normal((32, WIDTH)).astype("float32")
     df = spark.createDataFrame([(i, rows[i].tolist()) for i in range(len(rows))],
-                               "id long, features array<float>").repartition(2, "id")
+                               "id long, features array<float>").repartition(args.partitions, "id")
     df = df.withColumn("part", F.spark_partition_id()).cache()
+    _wait_for_executors(spark, args.master)
     df.mapInArrow(_warm, "n long").collect()  # the scoring workers started, Keras imported
     before = peaks.mark()
-    start = time.perf_counter()
+    sockets = socket_bytes.SocketBytes() if args.count_bytes else None
+    start, started = time.perf_counter(), time.time()
     try:
         bm = sk.BroadcastModel(spark, source, ship=args.ship)
         result["ship_s"] = time.perf_counter() - start
         me = peaks.seen.get(os.getpid(), {})
         result["driver_python_ship_peak_mib"] = me.get("anon_since_mark", 0) / 1024
         result["transport"] = type(bm._transport).__name__
+        result["chunks"], result["payload_bytes"] = len(getattr(bm._transport, "chunks", [])), bm._nbytes
         got = bm.transform(df, "features").select("part", "id", "prediction").collect()
         result["first_prediction_s"] = time.perf_counter() - start
+        # each worker's build of it (pid, seconds from the ship's start to the build's end)
+        result["builds"] = [{"pid": r["pid"], "s": r["time"] - started} for r in
+                            read_build_log(os.path.join(args.tmp, "builds")) if r["key"] == bm.key]
         # exact: each partition's rows called as one batch on the driver, as the worker did
         predictor, diffs = predictor_for(model), []
         for part in sorted({r["part"] for r in got}):
@@ -203,8 +214,20 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     time.sleep(0.3)
     result["driver_python_before_mib"] = before.get(os.getpid(), 0) / 1024
     result["processes"] = peaks.stop()
+    if sockets is not None:
+        sockets.stop()
+        result["driver_sent_bytes"] = socket_bytes.driver_sent(sockets, result["processes"])
     spark.stop()
     return result
+
+
+def _wait_for_executors(spark: Any, master: str, timeout: float = 120) -> None:
+    """Until every executor of a ``local-cluster[N,...]`` master has registered."""
+    found = re.match(r"local-cluster\[(\d+),", master)
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus
+    deadline = time.monotonic() + timeout
+    while found and status().size() < int(found.group(1)) + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _warm(batches: Any) -> Any:
@@ -221,8 +244,8 @@ def _warm(batches: Any) -> Any:
 
 
 def launch(gib: float, ship: str, *, master: str, driver_memory: str = "1g",
-           executor_memory: str | None = None, uri: bool = False,
-           timeout: float = 900) -> dict[str, Any]:
+           executor_memory: str | None = None, uri: bool = False, partitions: int = 2,
+           count_bytes: bool = False, timeout: float = 900) -> dict[str, Any]:
     """One run in a fresh process; its result."""
     import tempfile
 
@@ -233,6 +256,9 @@ def launch(gib: float, ship: str, *, master: str, driver_memory: str = "1g",
             command += ["--executor-memory", executor_memory]
         if uri:
             command.append("--uri")
+        if count_bytes:
+            command.append("--count-bytes")
+        command += ["--partitions", str(partitions)]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable)
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
@@ -270,7 +296,8 @@ def summary(result: dict[str, Any], label: str) -> dict[str, Any]:
             "error": result.get("error", "")}
 
 
-PLAN = [("ship='auto' (the driver's file)", "auto", "1g", False),
+PLAN = [("ship='auto' (chunk broadcasts)", "auto", "1g", False),
+        ("ship='driver' (the driver's file)", "driver", "1g", False),
         ("file:// URI", "auto", "1g", True),
         ("ship='broadcast' (today's path)", "broadcast", "1g", False),
         ("ship='broadcast', 5g driver heap", "broadcast", "5g", False)]
@@ -295,6 +322,8 @@ def main() -> None:
     parser.add_argument("--driver-memory", default="1g")
     parser.add_argument("--executor-memory")
     parser.add_argument("--uri", action="store_true")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--count-bytes", action="store_true")  # the driver's (transfer_bench)
     parser.add_argument("--tmp", default="/tmp")
     print(json.dumps(one(parser.parse_args())), flush=True)
 

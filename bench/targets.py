@@ -190,23 +190,44 @@ def keyed_targets(rows: list[dict]) -> list[str]:
 LARGE_WORKER_BUILD = 0.3  # a worker's private memory at build above its steady state, x weights
 
 
+LARGE_JVM = 0.2  # GiB: the chunk broadcasts' JVM peaks above the driver's file's
+
+
 def large_targets(rows: list[dict]) -> list[str]:
-    """The large model ships from the driver's file with the default heaps and scores
-    exactly; the driver's Python grows by less than a payload while shipping; a worker's
-    build costs at most 0.3x the weights in private memory above its steady state."""
-    out = []
+    """The large model ships in chunk broadcasts and from the driver's file with the default
+    heaps and scores exactly; the driver's Python grows by less than a payload while
+    shipping; a worker's build costs at most 0.3x the weights in private memory above its
+    steady state; the chunk broadcasts' driver and executor JVM peaks within 0.2 GiB of
+    the driver's file's (issue 54)."""
+    out = _large_jvm_targets(rows)
     for r in rows:
-        if not r["path"].startswith("ship='auto'"):
+        if not r["path"].startswith(("ship='auto' (chunk", "ship='driver'")):
             continue
         weights = r["weights GiB"] or 1
-        out.append(_target("ships and scores exactly with the default heaps", r["exact"], bool(r["exact"])))
+        path = r["path"].split(" (")[0]
+        out.append(_target(f"{path}: ships and scores exactly with the default heaps", r["exact"],
+                           bool(r["exact"])))
         grew = r["driver Python growth while shipping GiB"]
-        out.append(_target("driver Python growth while shipping <= 1 payload (GiB)", grew,
+        out.append(_target(f"{path}: driver Python growth while shipping <= 1 payload (GiB)", grew,
                            grew is not None and grew <= weights))
         build = r["worst worker build overhead x weights"]
-        out.append(_target(f"worker private memory at build <= {LARGE_WORKER_BUILD:g}x the weights "
+        out.append(_target(f"{path}: worker private memory at build <= {LARGE_WORKER_BUILD:g}x the weights "
                            f"above steady state", build,
                            build is not None and build <= LARGE_WORKER_BUILD))
+    return out
+
+
+def _large_jvm_targets(rows: list[dict]) -> list[str]:
+    by = {r["path"].split(" (")[0]: r for r in rows}
+    chunks, driver = by.get("ship='auto'"), by.get("ship='driver'")
+    if chunks is None or driver is None:
+        return []
+    out = []
+    for column in ("driver JVM GiB", "executor JVMs GiB"):
+        mine, theirs = (max((float(v) for v in str(r[column]).split(" / ") if v != "-"),
+                            default=0.0) for r in (chunks, driver))
+        out.append(_target(f"chunk broadcasts: {column} (peak) within {LARGE_JVM:g} GiB of the "
+                           f"driver's file's ({theirs:.2f})", mine, mine <= theirs + LARGE_JVM))
     return out
 
 
