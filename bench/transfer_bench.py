@@ -152,8 +152,19 @@ def body(results: dict[str, Any]) -> list[str]:
         f"the measured copies for four scaled by H({FLEET})/H({EXECUTORS}), executors that "
         f"start together fetching each block from a random holder; the measured time after "
         f"shipping kept whole).", "",
-        table(rows, floatfmt="{:,.2f}"), "",
+        table(rows, floatfmt="{:,.2f}"), "", *_per_chunk(rows),
         "Targets:", "", *(f"- {line}" for line in targets(rows)), ""]
+
+
+def _per_chunk(rows: list[dict[str, Any]]) -> list[str]:
+    """The measured per-chunk cost, the line under the table."""
+    out = []
+    for r in rows:
+        if r["chunks"] and r["all executors built s"] is not None and r["ship s"] is not None:
+            each = (r["all executors built s"] - r["ship s"]) / r["chunks"]
+            out += [f"Per chunk ({r['path']}): {each:.2f} s from the end of shipping until the "
+                    f"last build, {EXECUTORS} executors fetching and writing at once.", ""]
+    return out
 
 
 if __name__ == "__main__":
