@@ -23,11 +23,11 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 from bench import socket_bytes
+from bench.sampler import Sampler
 
 WIDTH = 4096
 LAYER_BYTES = WIDTH * WIDTH * 4
@@ -44,29 +44,24 @@ def model_of(gib: float) -> Any:
                              keras.layers.Dense(8)])
 
 
-class Peaks:
+class Peaks(Sampler):
     """Every process under this one, sampled from ``/proc`` until :meth:`stop`."""
 
     def __init__(self, interval: float = 0.05) -> None:
         self.seen: dict[int, dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(interval)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for pid, (role, parent) in _tree(os.getpid()).items():
-                status = _status(pid)
-                if status is None:
-                    continue
-                entry = self.seen.setdefault(pid, {"rss": 0, "anon": 0})
-                entry["role"], entry["ppid"] = role, parent  # (a launcher script may exec the JVM)
-                entry["rss"] = max(entry["rss"], status.get("VmRSS", 0))
-                entry["anon"] = max(entry["anon"], status.get("RssAnon", 0))
-                entry["anon_now"] = status.get("RssAnon", 0)
-                entry["anon_since_mark"] = max(entry.get("anon_since_mark", 0), entry["anon_now"])
-            self._stop.wait(self._interval)
+    def sample(self) -> None:
+        for pid, (role, parent) in _tree(os.getpid()).items():
+            status = _status(pid)
+            if status is None:
+                continue
+            entry = self.seen.setdefault(pid, {"rss": 0, "anon": 0})
+            entry["role"], entry["ppid"] = role, parent  # (a launcher script may exec the JVM)
+            entry["rss"] = max(entry["rss"], status.get("VmRSS", 0))
+            entry["anon"] = max(entry["anon"], status.get("RssAnon", 0))
+            entry["anon_now"] = status.get("RssAnon", 0)
+            entry["anon_since_mark"] = max(entry.get("anon_since_mark", 0), entry["anon_now"])
 
     def mark(self) -> dict[int, int]:
         """Every process's private memory now (KiB), by pid; each one's peak from now
@@ -76,8 +71,7 @@ class Peaks:
         return {pid: e.get("anon_now", 0) for pid, e in self.seen.items()}
 
     def stop(self) -> list[dict[str, Any]]:
-        self._stop.set()
-        self._thread.join()
+        self.halt()
         return [dict(e, pid=pid) for pid, e in sorted(self.seen.items())]
 
 

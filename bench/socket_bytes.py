@@ -7,27 +7,20 @@ from __future__ import annotations
 
 import re
 import subprocess
-import threading
 from typing import Any
+
+from bench.sampler import Sampler
 
 _ACKED = re.compile(r"bytes_acked:(\d+)")
 _PIDS = re.compile(r"pid=(\d+)")
 
 
-class SocketBytes:
+class SocketBytes(Sampler):
     """Every TCP socket's bytes acknowledged and owners, sampled until :meth:`stop`."""
 
     def __init__(self, interval: float = 0.05) -> None:
         self.seen: dict[tuple[str, str], dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self._interval)
+        super().__init__(interval)
 
     def sample(self) -> None:
         try:
@@ -48,8 +41,7 @@ class SocketBytes:
                 entry["acked"] = max(entry["acked"], int(found.group(1)))
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.halt()
         self.sample()
 
     def sent(self, senders: set[int], receivers: set[int]) -> int:
