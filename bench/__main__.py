@@ -137,11 +137,17 @@ def _transfer(args: argparse.Namespace) -> Shown:
 
 
 def _commits(args: argparse.Namespace) -> Shown:
-    from bench import commits_bench
+    from bench import commit_cost, commits_bench, resume_kill
 
     rows = commits_bench.run(quick=args.quick)
-    return ({"commits": rows}, TITLES["commits"], [table(rows, floatfmt="{:,.3f}")],
-            targets.commits_targets(rows))
+    if not args.quick:  # more task slots than a group's tasks (a minute more)
+        rows += commits_bench.run(master=commits_bench.CLUSTER)
+    costs = commit_cost.measure(quick=args.quick)
+    killed = resume_kill.run(quick=args.quick)
+    return ({"commits": rows, "commit_cost": costs, "resume_kill": killed}, TITLES["commits"],
+            [table(rows, floatfmt="{:,.3f}"), table(costs, floatfmt="{:,.1f}"),
+             table(killed, floatfmt="{:,.2f}")],
+            targets.commits_targets(rows) + targets.resume_kill_targets(killed))
 
 
 def _images(args: argparse.Namespace) -> Shown:

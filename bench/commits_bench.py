@@ -1,16 +1,18 @@
 """`python -m bench.commits_bench [--quick]`: what ``--resume`` (commits) and
 ``--progress`` cost a clean score job. The job's Python entry point
 (:func:`spark_keras.jobs.score.run.score`, what ``spark-keras score`` runs) in one local[2]
-session, on one parquet input of :data:`FILES` files of :data:`ROWS_PER_FILE` rows of
-:data:`FEATURES` float features, a small MLP (:func:`bench.models.small_mlp_model`):
+session (and one on :data:`CLUSTER`: more task slots than a group's tasks), on one parquet
+input of :data:`FILES` files of :data:`ROWS_PER_FILE` rows of :data:`FEATURES` float features,
+a small MLP (:func:`bench.models.small_mlp_model`):
 
 - plain: no ``--resume``, ``--no-progress`` (the job as it was: one write, one rename);
-- ``--resume``: commits of :data:`FILES_PER_COMMIT` files each (``--commit-bytes``), each
+- ``--resume`` with the default settings: a commit per file here (about ten groups per
+  group in flight, :mod:`spark_keras.jobs.score.parallel`), groups scored at once, each
   written, recorded in the commit log and published;
-- ``--resume`` with the default ``--commit-bytes`` (1 GiB): one commit of every file;
-- ``--resume --progress``: commits of :data:`FILES_PER_COMMIT` files with the progress lines (``--progress-seconds``
-  :data:`PROGRESS_SECONDS`, so a short run has its periodic lines too), logged to a
-  buffer as the job logs them to stderr.
+- ``--resume``: commits of :data:`FILES_PER_COMMIT` files each (``--commit-bytes``);
+- ``--resume --progress``: the default settings with the progress lines
+  (``--progress-seconds`` :data:`PROGRESS_SECONDS`, so a short run has its periodic lines
+  too), logged to a buffer as the job logs them to stderr.
 
 Each run writes a fresh output folder (removed after); its wall time is the
 :func:`score` call's (reading the input's metadata, planning, loading and shipping the
@@ -38,13 +40,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 FILES = 8
 ROWS_PER_FILE = 25_000
 FEATURES = 16
-FILES_PER_COMMIT = 2  # 4 commits of the 8 files (the default, 1 GiB, would make one)
+FILES_PER_COMMIT = 2  # 4 commits of the 8 files (the default makes 8)
 PROGRESS_SECONDS = 1.0
 ROUNDS = 5
 PLAIN, PLAIN_AGAIN, RESUME, PROGRESS = ("plain (no --resume, --no-progress)", "plain again",
                                         "--resume (commits)", "--resume --progress")
-DEFAULT = "--resume, default --commit-bytes"  # 1 GiB: this input is one commit
-MODES = (PLAIN, PLAIN_AGAIN, RESUME, PROGRESS, DEFAULT)
+DEFAULT = "--resume, default settings"  # a commit per file of this input
+MODES = (PLAIN, PLAIN_AGAIN, DEFAULT, RESUME, PROGRESS)
+LOCAL, CLUSTER = "local[2]", "local-cluster[2,2,1024]"  # 2 slots; 2 executors of 2 slots
 
 
 def _write_input(folder: str, files: int, rows: int) -> None:
@@ -66,17 +69,23 @@ def _args(work: str, mode: str, out: str) -> argparse.Namespace:
 
     argv = ["--model", os.path.join(work, "model.skp"), "--input", os.path.join(work, "input"),
             "--output", out, "--features", "features", "--no-progress"]
-    if mode in (RESUME, PROGRESS):
+    if mode == RESUME:
         one_file = os.path.getsize(os.path.join(work, "input", "part-000.parquet"))
         argv += ["--resume", "--commit-bytes", str(FILES_PER_COMMIT * one_file + 1024)]
-    if mode == DEFAULT:
+    if mode in (DEFAULT, PROGRESS):
         argv += ["--resume"]
     if mode == PROGRESS:
         argv += ["--progress", "--progress-seconds", str(PROGRESS_SECONDS)]
     return parse_args(argv)
 
 
-def _run(spark, work: str, mode: str, total: int, groups: int) -> tuple[float, int]:
+def _commits(mode: str, files: int) -> int:
+    """The commits a run in ``mode`` makes of ``files`` input files."""
+    return -(-files // FILES_PER_COMMIT) if mode == RESUME else \
+        files if mode in (DEFAULT, PROGRESS) else 1
+
+
+def _run(spark, work: str, mode: str, total: int, files: int) -> tuple[float, int]:
     """Seconds of one job run in ``mode`` and the progress lines it logged (figures checked)."""
     from spark_keras.jobs.score.files import HadoopPaths
     from spark_keras.jobs.score.run import score
@@ -102,13 +111,26 @@ def _run(spark, work: str, mode: str, total: int, groups: int) -> tuple[float, i
     assert summary["rows"] == total and summary["invalid_rows"] == 0, summary
     if args.resume:
         assert summary["rows_skipped"] == 0, summary
-        assert summary["groups"] == (1 if mode == DEFAULT else groups), summary
+        assert summary["groups"] == _commits(mode, files), summary
     logged = lines.getvalue().count("\n")
     assert (logged > 0) == bool(args.progress), (mode, logged)
     return seconds, logged
 
 
-def run(quick: bool = False, repeats: int = ROUNDS) -> list[dict]:
+def _wait_for_slots(spark, master: str, timeout: float = 180) -> None:
+    """Until every executor of a ``local-cluster[N,C,...]`` master has registered (its
+    task slots are what sizes the groups in flight)."""
+    import re
+
+    found = re.match(r"local-cluster\[(\d+),\s*(\d+),", master)
+    deadline = time.monotonic() + timeout
+    while found and spark.sparkContext.defaultParallelism < int(found[1]) * int(found[2]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{master}: the executors did not register in {timeout:g} s")
+        time.sleep(0.2)
+
+
+def run(quick: bool = False, repeats: int = ROUNDS, master: str = LOCAL) -> list[dict]:
     """One row per mode: rows/s (median of the rounds) and the ratio to the plain job."""
     import spark_keras as sk
     from bench.models import small_mlp_model
@@ -116,25 +138,26 @@ def run(quick: bool = False, repeats: int = ROUNDS) -> list[dict]:
 
     files, rows = (4, 500) if quick else (FILES, ROWS_PER_FILE)
     rounds = 1 if quick else repeats
-    total, groups = files * rows, -(-files // FILES_PER_COMMIT)
+    total = files * rows
     work = tempfile.mkdtemp(prefix="commits-bench-")
-    spark = local_session("commits-bench", driver_memory="4g")
+    spark = local_session("commits-bench", driver_memory="4g", master=master)
     try:
+        _wait_for_slots(spark, master)
         _write_input(os.path.join(work, "input"), files, rows)
         sk.save(small_mlp_model(FEATURES), os.path.join(work, "model.skp"))
         for mode in MODES:  # warm-up: workers started, Keras imported, model built
-            _run(spark, work, mode, total, groups)
+            _run(spark, work, mode, total, files)
         times: dict[str, list[float]] = {mode: [] for mode in MODES}
         logged: dict[str, list[int]] = {mode: [] for mode in MODES}
         for _ in range(rounds):  # alternated: drifts of a shared machine hit every mode
             for mode in MODES:
-                seconds, lines = _run(spark, work, mode, total, groups)
+                seconds, lines = _run(spark, work, mode, total, files)
                 times[mode].append(seconds)
                 logged[mode].append(lines)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return [{"job": mode, "commits": groups if mode in (RESUME, PROGRESS) else 1,
+    return [{"master": master, "job": mode, "commits": _commits(mode, files),
              "rows": total, "rounds": rounds, "median s": statistics.median(times[mode]),
              "rows/s": total / statistics.median(times[mode]),
              "x plain, median of rounds": statistics.median(

@@ -19,6 +19,7 @@ from bench.targets import (
     large_targets,
     memory_targets,
     payload_targets,
+    resume_kill_targets,
     scoring_targets,
 )
 
@@ -333,25 +334,41 @@ def _large(results: dict) -> list[str]:
 
 
 def _commits(results: dict) -> list[str]:
-    from bench.commits_bench import FEATURES, FILES, FILES_PER_COMMIT, PROGRESS_SECONDS, ROWS_PER_FILE
+    from bench import commit_cost, resume_kill
+    from bench.commits_bench import (
+        CLUSTER,
+        FEATURES,
+        FILES,
+        FILES_PER_COMMIT,
+        PROGRESS_SECONDS,
+        ROWS_PER_FILE,
+    )
 
-    return [
+    lines = [
         f"The score job's Python entry point (`spark_keras.jobs.score.run.score`, what "
-        f"`spark-keras score` runs) in one local[2] session, on a parquet input of {FILES} "
+        f"`spark-keras score` runs) in one local[2] session, then one on {CLUSTER} (two "
+        f"executor JVMs of 2 task slots: more slots than a group's tasks, 6 groups in "
+        f"flight), on a parquet input of {FILES} "
         f"files x {ROWS_PER_FILE:,} rows of {FEATURES} float32 features (an array column), "
         f"a small MLP ({FEATURES}-64-64-4): the plain job (no `--resume`, `--no-progress`: one "
-        f"write, one rename) against `--resume` (commits of {FILES_PER_COMMIT} files each, "
-        f"`--commit-bytes`), `--resume --progress` "
+        f"write, one rename) against `--resume` with the default settings (a commit per file "
+        f"of this input: 4 groups in flight on local[2], groups of at most a tenth of the "
+        f"input over them), `--resume` with commits of {FILES_PER_COMMIT} files each "
+        f"(`--commit-bytes`) and `--resume --progress` with the default settings "
         f"(`--progress-seconds {PROGRESS_SECONDS:g}`, so the short runs log their periodic "
-        f"lines too; the lines formatted and written to a buffer) and `--resume` with the "
-        f"default `--commit-bytes` (1 GiB: this input is one commit). Wall time of the call "
+        f"lines too; the lines formatted and written to a buffer). Wall time of the call "
         f"(reading the input's metadata, planning, shipping the model, scoring, writing, "
         f"publishing), each run into a fresh output folder; a warm-up of each mode, then the "
         f"modes alternated in rounds: median rows/s and the median over the rounds of each "
         f"run against the same round's plain run. \"plain again\": the plain job twice per "
         f"round, the spread of identical work. Every run's rows checked. Target: within 5%.", "",
-        table(results["commits"], floatfmt="{:,.3f}"), "",
-        *_targets(commits_targets(results["commits"])), ""]
+        table(results["commits"], floatfmt="{:,.3f}"), ""]
+    for key, module in (("commit_cost", commit_cost), ("resume_kill", resume_kill)):
+        if key in results:
+            lines += [module.described(), "", table(results[key], floatfmt="{:,.2f}"), ""]
+    targets = commits_targets(results["commits"]) + \
+        resume_kill_targets(results.get("resume_kill", []))
+    return lines + [*_targets(targets), ""]
 
 
 def _images(results: dict) -> list[str]:

@@ -21,13 +21,14 @@ def worker_paths() -> dict[str, str]:
             "spark.executorEnv.PYTHONSAFEPATH": "1"}
 
 
-def local_session(app: str, *, driver_memory: str = "6g", **conf: str) -> Any:
-    """A ``local[2]`` session whose workers run this venv's Python with one TensorFlow and
-    OpenMP thread each (as conf/spark-defaults.conf sets them), plus ``conf``."""
+def local_session(app: str, *, driver_memory: str = "6g", master: str = "local[2]",
+                  **conf: str) -> Any:
+    """A ``master`` (``local[2]``) session whose workers run this venv's Python with one
+    TensorFlow and OpenMP thread each (as conf/spark-defaults.conf sets them), plus ``conf``."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master("local[2]").appName(app)
+    builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.memory", driver_memory)

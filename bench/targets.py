@@ -235,8 +235,9 @@ COMMITS_RATIO = 0.95  # the score job with --resume (and --progress) against the
 
 
 def commits_targets(rows: list[dict]) -> list[str]:
-    """The score job with ``--resume`` (small commits, and the default's one), and with
-    ``--resume --progress``, within 5% of the plain job (medians of the per-round ratios);
+    """The score job with ``--resume`` (the default settings: a commit per file here; commits
+    of two files), and with ``--resume --progress``, within 5% of the plain job (medians of
+    the per-round ratios);
     the plain job run twice for information."""
     from bench.commits_bench import DEFAULT, PLAIN_AGAIN, PROGRESS, RESUME
 
@@ -244,11 +245,29 @@ def commits_targets(rows: list[dict]) -> list[str]:
     for r in rows:
         ratio = r["x plain, median of rounds"]
         if r["job"] in (RESUME, PROGRESS, DEFAULT):
-            out.append(_target(f"score job {r['job']} ({r['commits']} commits) >= "
-                               f"{COMMITS_RATIO:g}x the plain job", ratio, ratio >= COMMITS_RATIO))
+            out.append(_target(f"score job {r['job']} ({r['commits']} commits) on "
+                               f"{r['master']} >= {COMMITS_RATIO:g}x the plain job", ratio,
+                               ratio >= COMMITS_RATIO))
         elif r["job"] == PLAIN_AGAIN:
-            out.append(f"[info] the plain job against itself (the spread of identical work), "
-                       f"not a target: {ratio:.2f}")
+            out.append(f"[info] the plain job against itself on {r['master']} (the spread of "
+                       f"identical work), not a target: {ratio:.2f}")
+    return out
+
+
+KILL_SHARE = 0.5  # the rerun of a job killed at 60% of its plain run scores at most this share
+
+
+def resume_kill_targets(rows: list[dict]) -> list[str]:
+    """A ``--resume`` job (default settings) SIGKILLed at 60% of its plain run's time: its
+    rerun scores at most half the rows, and the output equals an uninterrupted run's."""
+    out = []
+    for r in rows:
+        out.append(_target(f"{r['rows']:,} rows killed at 60% of the plain job's time: the "
+                           f"rerun scores <= {KILL_SHARE:g} of the rows", r["rerun share scored"],
+                           r["rerun share scored"] <= KILL_SHARE))
+        out.append(_target("its output equals an uninterrupted run's, each row once (1: yes)",
+                           float(r["equal to an uninterrupted run"]),
+                           bool(r["equal to an uninterrupted run"])))
     return out
 
 

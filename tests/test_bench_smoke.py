@@ -173,9 +173,14 @@ def test_bench_commits_quick_times_the_job_plain_with_commits_and_with_progress(
     assert rows[commits_bench.RESUME]["progress lines"] == "0"
     assert float(rows[commits_bench.PROGRESS]["progress lines"]) > 0
     targets = _target_lines(out)
-    assert rows[commits_bench.DEFAULT]["commits"] == "1"
+    assert rows[commits_bench.DEFAULT]["commits"] == "4"  # a commit per file by default
+    costs = _printed_table(out, "path calls per commit")
+    assert [r["files per group"] for r in costs] == ["1", "8"], costs
+    killed = _printed_table(out, "rerun share scored")
+    assert killed[0]["equal to an uninterrupted run"] == "True", killed
     for mode in (commits_bench.RESUME, commits_bench.PROGRESS, commits_bench.DEFAULT):
-        value = targets[f"score job {mode} ({rows[mode]['commits']} commits) >= 0.95x the plain job"]
+        value = targets[f"score job {mode} ({rows[mode]['commits']} commits) on local[2] >= 0.95x "
+                        f"the plain job"]
         assert abs(value - float(rows[mode]["x plain, median of rounds"])) <= 0.006, (value, rows)
 
 
