@@ -281,3 +281,24 @@ def positional_model(max_length: int = 16) -> keras.Model:
     inp = keras.Input((None,), dtype="int32", name="tokens")
     x = layers.GlobalAveragePooling1D()(PositionalEmbedding(max_length)(inp))
     return keras.Model(inp, layers.Dense(2)(x), name="positional")
+
+
+# --- a model that tells how it was called ---------------------------------------------
+
+@keras.saving.register_keras_serializable(package="spark_keras_tests")
+class CallRows(layers.Layer):
+    """For each row, the number of rows of the model call it came in (the call's batch
+    dimension): a real model that shows how a scorer cut its rows into calls."""
+
+    def call(self, x):
+        from keras import ops
+
+        return ops.ones_like(x[:, :1]) * ops.cast(ops.shape(x)[0], x.dtype)
+
+
+def call_rows_mlp(n_features: int = 4, seed: int = 0, name: str = "call_rows_mlp") -> keras.Model:
+    """An MLP's prediction, then the rows of the call that made it: outputs ``[y, m]``."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((n_features,))
+    y = layers.Dense(1)(layers.Dense(8, activation="relu")(inp))
+    return keras.Model(inp, layers.Concatenate()([y, CallRows()(inp)]), name=name)

@@ -9,6 +9,8 @@ a limit), still bounded by ``SPARK_KERAS_CACHE_MAX_BYTES``, so rows in any key o
 each model once per worker, not once per batch. In a batch, the rows are grouped by key (a stable sort of the keys'
 codes, zero-copy slices), each key's rows go to its model in one call, and the results
 are put back in row order; a batch of one key (rows clustered by key) is scored as is.
+Batches in mixed key order are put together first until each key has about a model
+call's rows (:mod:`.keyed_batches`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from spark_keras.inference.rows import RowNames
 from spark_keras.inference.specs import Signature, empty_outputs
 from spark_keras.spark import job_budget, scoring
 from spark_keras.spark.broadcast import BroadcastModel
+from spark_keras.spark.keyed_batches import gathered
 from spark_keras.spark.transform import transform as transform_df
 from spark_keras.spark.udf import arrow_udf_of, column_name
 
@@ -266,8 +269,8 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
     budget = job_budget.budget_of(max_invalid)
     # each key's rows are counted with the batch, after its last key, not on their own
     per_key = InvalidBudget(math.inf) if budget.active else budget
-    for arrays in batches:
-        arrays = list(arrays)
+    for batch in gathered(batches, batch_size):  # mixed keys: batches put together
+        arrays = list(batch.arrays)
         key_array = arrays.pop(0)
         if key_array.type not in known:
             known[key_array.type] = _known(keys, key_array.type)
@@ -286,8 +289,8 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
         for start, stop in zip(starts, [*starts[1:], n]):
             rows = [a.slice(start, stop - start) for a in taken]
             ids = None if id_col is None else (id_col, rows.pop())
-            # the rows' places in the batch (None: all of it, in order)
-            positions = None if order_array is None else order[start:stop]
+            # the rows' places in their batch (None: all of it, in order)
+            positions = batch.local(None if order_array is None else order[start:stop])
             code = int(grouped[start]) if n else 0  # (an empty batch: the first model's empty outputs)
             if code < 0:
                 scored, out = _unknown(models, key_array.take(pa.array(order[start:stop])),
@@ -309,7 +312,7 @@ def keyed_columns(models: KeyedModels, names: list[str], batches: Iterator[Seque
             inverse = np.empty(n, dtype=np.int64)
             inverse[order] = np.arange(n)
             out = [o.take(pa.array(inverse)) for o in out]
-        yield out
+        yield from batch.split(out)
     budget.finish()
 
 
