@@ -18,7 +18,6 @@ from spark_keras.errors import ArgumentError
 from spark_keras.ml import KerasTransformer
 from tests import models
 from tests.conftest import run_score_job
-from tests.conftest import submit_score_job as submit
 from tests.inference.test_buckets import alone, max_pooled, rows_of, two_sequences_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -218,24 +217,32 @@ def test_the_score_job_refuses_bad_buckets_before_starting_spark(tmp_path):
         "lengths (strictly increasing positive ints), not (8, 4)")
 
 
-@pytest.mark.slow  # two spark-submit jobs: about 90 s
-def test_the_score_job_pads_into_buckets_or_says_why_not(tmp_path, gru):
+def test_the_score_job_pads_into_buckets_or_says_why_not(spark, tmp_path, gru):
+    """The job's ``--buckets`` through its Python entry point (its options parsed as the
+    command line's, on this module's session: test_score_job runs the command itself)."""
+    from spark_keras.jobs.score.errors import outcome
+    from spark_keras.jobs.score.files import HadoopPaths
+    from spark_keras.jobs.score.main import parse_args
+    from spark_keras.jobs.score.run import score
+
     model, rows, want = gru
     _write_sequences(tmp_path / "in.parquet", rows)
     model.save(tmp_path / "masked.keras")
-    proc = submit("--model", str(tmp_path / "masked.keras"), "--input", str(tmp_path / "in.parquet"),
-                  "--output", str(tmp_path / "out.parquet"), "--features", "sequence", "--buckets", "4")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+    def job(name: str) -> dict:
+        return score(spark, HadoopPaths(spark), parse_args([
+            "--model", str(tmp_path / f"{name}.keras"), "--input", str(tmp_path / "in.parquet"),
+            "--output", str(tmp_path / f"{name}.parquet"), "--features", "sequence",
+            "--buckets", "4"]))
+
+    assert job("masked")["rows"] == len(rows)
     import pandas as pd
 
-    scored = pd.read_parquet(tmp_path / "out.parquet").sort_values("id")
+    scored = pd.read_parquet(tmp_path / "masked.parquet").sort_values("id")
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), want, atol=1e-5)
     models.sequence_model(masking=False).save(tmp_path / "plain.keras")
-    proc = submit("--model", str(tmp_path / "plain.keras"), "--input", str(tmp_path / "in.parquet"),
-                  "--output", str(tmp_path / "plain.parquet"), "--features", "sequence",
-                  "--buckets", "4")
-    output = proc.stdout + proc.stderr
-    errors = [line for line in output.splitlines() if line.startswith("score.py: error:")]
-    assert proc.returncode == 2 and len(errors) == 1, output[-3000:]
-    assert "--buckets 4: input 'sequence' feeds GRU, and no Masking layer" in errors[0]
+    with pytest.raises(Exception) as refused:
+        job("plain")
+    line, status = outcome(refused.value)  # what main() prints, and its exit status
+    assert status == 2 and "--buckets 4: input 'sequence' feeds GRU, and no Masking layer" in line
     assert not (tmp_path / "plain.parquet").exists()

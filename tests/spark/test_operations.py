@@ -206,7 +206,7 @@ def test_keras_transformer_error_col_is_saved(spark, frame, tmp_path):
 
 
 @pytest.mark.slow  # a whole job with its own Spark driver
-def test_score_job_error_col_and_metrics_json(tmp_path):
+def test_score_job_error_col_and_metrics_json(spark, tmp_path):
     import pyarrow.parquet as pq
 
     rows = rows_with_bad_ones()
@@ -236,13 +236,19 @@ def test_score_job_error_col_and_metrics_json(tmp_path):
                         "--error-col", "error", cwd=str(tmp_path))
     assert bad.returncode == 2 and "needs --on-invalid null" in bad.stderr, bad.stderr[-2000:]
     assert not os.path.exists(tmp_path / "out2")
-    over = run_score_job("--master", "local[1]", "--model", str(tmp_path / "model.skp"),
-                         "--input", str(tmp_path / "in.parquet"),
-                         "--output", str(tmp_path / "out3"), "--features", "features",
-                         "--on-invalid", "null", "--max-invalid", "2", cwd=str(tmp_path))
-    last = over.stderr.strip().splitlines()[-1]
-    assert over.returncode != 0 and "InvalidRowsError: max_invalid=2 passed: 3 of 30" in last, \
-        over.stderr[-3000:]
+    # past --max-invalid: through the job's Python entry point on this module's session
+    from spark_keras.jobs.score.errors import outcome
+    from spark_keras.jobs.score.files import HadoopPaths
+    from spark_keras.jobs.score.main import parse_args
+    from spark_keras.jobs.score.run import score
+
+    with pytest.raises(Exception) as over:  # a worker's InvalidRowsError, through Spark
+        score(spark, HadoopPaths(spark), parse_args([
+            "--model", str(tmp_path / "model.skp"), "--input", str(tmp_path / "in.parquet"),
+            "--output", str(tmp_path / "out3"), "--features", "features",
+            "--on-invalid", "null", "--max-invalid", "2"]))
+    line, status = outcome(over.value)  # the line main() prints, and its exit status
+    assert status == 2 and "max_invalid=2 passed: 3 of 30" in line, line
 
 
 def test_builds_made_by_a_sorts_sampling_job_are_observed(build_log, spark):
