@@ -50,17 +50,19 @@ MODES = (PLAIN, PLAIN_AGAIN, DEFAULT, RESUME, PROGRESS)
 LOCAL, CLUSTER = "local[2]", "local-cluster[2,2,1024]"  # 2 slots; 2 executors of 2 slots
 
 
-def _write_input(folder: str, files: int, rows: int) -> None:
+def write_input(folder: str, files: int, rows: int, features: int = FEATURES) -> None:
+    """``files`` parquet files of ``rows`` rows each: ``id`` (0, 1, ... across the files)
+    and ``features``, an array of float32 values."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     os.makedirs(folder)
     for i in range(files):
-        x = np.random.default_rng(i).standard_normal((rows, FEATURES)).astype("float32")
+        x = np.random.default_rng(i).standard_normal((rows, features)).astype("float32")
         pq.write_table(pa.table({
             "id": pa.array(np.arange(i * rows, (i + 1) * rows), pa.int64()),
-            "features": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES)
+            "features": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), features)
             .cast(pa.list_(pa.float32()))}), os.path.join(folder, f"part-{i:03d}.parquet"))
 
 
@@ -143,7 +145,7 @@ def run(quick: bool = False, repeats: int = ROUNDS, master: str = LOCAL) -> list
     spark = local_session("commits-bench", driver_memory="4g", master=master)
     try:
         _wait_for_slots(spark, master)
-        _write_input(os.path.join(work, "input"), files, rows)
+        write_input(os.path.join(work, "input"), files, rows)
         sk.save(small_mlp_model(FEATURES), os.path.join(work, "model.skp"))
         for mode in MODES:  # warm-up: workers started, Keras imported, model built
             _run(spark, work, mode, total, files)

@@ -6,7 +6,9 @@ local[2] (:func:`slow_mlp_model`):
 
 1. the plain job (no ``--resume``), timed (its wall time, Spark's start-up included);
 2. ``--resume`` with the default settings, its driver SIGKILLed at :data:`KILL_AT` of the
-   plain job's time;
+   plain job's time (from its start; and a second job at :data:`KILL_AT` of the plain job's
+   scoring time from when its manifest appears: the driver's start-up, Spark's and
+   TensorFlow's, left out);
 3. the same command again: the rows it scores (``rows``) against the rows committed before
    (``rows_skipped``), and its wall time;
 4. an uninterrupted ``--resume`` run: the resumed output must equal it, value for value,
@@ -39,7 +41,9 @@ def described() -> str:
             f"MLP of three 1536-unit layers: the plain job timed (wall time, Spark's start-up "
             f"included; of which scoring: the job's own `seconds`, reading to publishing); "
             f"`--resume` with the default settings, its driver SIGKILLed at "
-            f"{KILL_AT:g} of that time; the same command again (its `rows` scored against "
+            f"{KILL_AT:g} of that time (wall time from the process's start; then, a second "
+            f"job, {KILL_AT:g} of the scoring time from when its manifest appears, as its "
+            f"scoring begins); the same command again (its `rows` scored against "
             f"`rows_skipped`, from `--metrics-json`); an uninterrupted `--resume` run, which "
             f"the resumed output must equal (ids and predictions, sorted by id, read with "
             f"pyarrow).")
@@ -52,21 +56,6 @@ def slow_mlp_model(features: int = FEATURES, width: int = 1536) -> Any:
     return keras.Sequential([keras.Input((features,))]
                             + [keras.layers.Dense(width, activation="relu") for _ in range(3)]
                             + [keras.layers.Dense(1)], name="slow_mlp")
-
-
-def _write_input(folder: str, rows: int, files: int) -> None:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    os.makedirs(folder)
-    per_file = rows // files
-    for i in range(files):
-        x = np.random.default_rng(i).standard_normal((per_file, FEATURES)).astype("float32")
-        pq.write_table(pa.table({
-            "id": pa.array(np.arange(i * per_file, (i + 1) * per_file), pa.int64()),
-            "features": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), FEATURES)
-            .cast(pa.list_(pa.float32()))}), os.path.join(folder, f"part-{i:03d}.parquet"))
 
 
 def _job(work: str, out: str, *extra: str) -> subprocess.Popen:
@@ -92,11 +81,15 @@ def _timed(work: str, out: str, *extra: str) -> float:
     return time.perf_counter() - started
 
 
-def _kill(job: subprocess.Popen, after: float) -> None:
-    """SIGKILL the driver ``after`` seconds from now; its JVM and workers follow."""
+def _kill(job: subprocess.Popen, after: float, begun: str | None = None) -> bool:
+    """SIGKILL the driver ``after`` seconds from now (``begun``: from when that file
+    appears, the job's manifest: its scoring begins); its JVM and workers follow. Whether
+    it was killed (not ended before)."""
+    while begun is not None and not os.path.exists(begun) and job.poll() is None:
+        time.sleep(0.05)
     try:
         job.wait(timeout=after)
-        raise RuntimeError("the job ended before it was killed")
+        return False
     except subprocess.TimeoutExpired:
         os.kill(job.pid, signal.SIGKILL)
     job.wait()
@@ -105,6 +98,7 @@ def _kill(job: subprocess.Popen, after: float) -> None:
         os.killpg(job.pid, signal.SIGKILL)  # what outlived it
     except ProcessLookupError:
         pass
+    return True
 
 
 def _read_sorted(out: str) -> tuple[list[int], bytes]:
@@ -117,35 +111,50 @@ def _read_sorted(out: str) -> tuple[list[int], bytes]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    """One row: the plain job's seconds, when the driver was killed, the committed rows,
-    the rerun's rows and seconds, whether the output equals an uninterrupted run's."""
+    """One row per kill (at :data:`KILL_AT` of the plain job's wall time from the start,
+    and of its scoring time from when the resumed job's scoring begins): the plain job's
+    seconds, the committed groups, the rerun's rows and seconds, whether the output equals
+    an uninterrupted run's."""
     import spark_keras as sk
+    from bench.commits_bench import write_input
 
     rows, files = (4_000, 8) if quick else (ROWS, FILES)
     work = tempfile.mkdtemp(prefix="resume-kill-bench-")
     try:
-        _write_input(os.path.join(work, "input"), rows, files)
+        write_input(os.path.join(work, "input"), files, rows // files, FEATURES)
         sk.save(slow_mlp_model(width=64 if quick else 1536), os.path.join(work, "model.skp"))
         size = sum(os.path.getsize(os.path.join(work, "input", f))
                    for f in os.listdir(os.path.join(work, "input")))
-        out, metrics = os.path.join(work, "resumed"), os.path.join(work, "metrics.json")
+        metrics = os.path.join(work, "metrics.json")
         plain = _timed(work, os.path.join(work, "plain"), "--metrics-json", metrics)
-        scoring = json.loads(open(metrics).read())["seconds"]  # of which scoring, writing
-        _kill(_job(work, out, "--resume"), KILL_AT * plain)
-        committed = len([n for n in os.listdir(os.path.join(out, "_spark_keras", "commits"))
-                         if n.endswith(".json") and ".moving" not in n])
-        rerun = _timed(work, out, "--resume", "--metrics-json", metrics)
-        figures = json.loads(open(metrics).read())
-        _timed(work, os.path.join(work, "reference"), "--resume")
-        ids, values = _read_sorted(out)
-        reference_ids, reference_values = _read_sorted(os.path.join(work, "reference"))
-        equal = ids == reference_ids == list(range(rows)) and values == reference_values
+        scoring = json.loads(open(metrics).read())["seconds"]  # reading to publishing
+        reference = os.path.join(work, "reference")
+        _timed(work, reference, "--resume")
+        found = []
+        for moment, after, begun in (
+                (f"{KILL_AT:g} x the plain job's wall time, from its start", KILL_AT * plain,
+                 None),
+                (f"{KILL_AT:g} x the plain job's scoring time, from the manifest",
+                 KILL_AT * scoring, os.path.join("_spark_keras", "manifest.json"))):
+            out = os.path.join(work, f"resumed-{len(found)}")
+            killed = _kill(_job(work, out, "--resume"), after,
+                           None if begun is None else os.path.join(out, begun))
+            log = os.path.join(out, "_spark_keras", "commits")
+            committed = len([n for n in (os.listdir(log) if os.path.isdir(log) else [])
+                             if n.endswith(".json") and ".moving" not in n])
+            rerun = _timed(work, out, "--resume", "--metrics-json", metrics)
+            figures = json.loads(open(metrics).read())
+            ids, values = _read_sorted(out)
+            reference_ids, reference_values = _read_sorted(reference)
+            found.append({
+                "killed at": moment, "rows": rows, "input MB": size / 1e6,
+                "plain job s": plain, "of which scoring s": scoring, "killed": killed,
+                "groups": figures["groups_total"], "groups committed at the kill": committed,
+                "rerun rows scored": figures["rows"],
+                "rerun rows skipped": figures["rows_skipped"],
+                "rerun share scored": figures["rows"] / rows, "rerun s": rerun,
+                "equal to an uninterrupted run":
+                    ids == reference_ids == list(range(rows)) and values == reference_values})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return [{"rows": rows, "input MB": size / 1e6, "plain job s": plain,
-             "of which scoring s": scoring,
-             "killed at s": KILL_AT * plain, "groups": figures["groups_total"],
-             "groups committed at the kill": committed,
-             "rerun rows scored": figures["rows"], "rerun rows skipped": figures["rows_skipped"],
-             "rerun share scored": figures["rows"] / rows, "rerun s": rerun,
-             "equal to an uninterrupted run": equal}]
+    return found

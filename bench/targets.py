@@ -262,9 +262,9 @@ def resume_kill_targets(rows: list[dict]) -> list[str]:
     rerun scores at most half the rows, and the output equals an uninterrupted run's."""
     out = []
     for r in rows:
-        out.append(_target(f"{r['rows']:,} rows killed at 60% of the plain job's time: the "
-                           f"rerun scores <= {KILL_SHARE:g} of the rows", r["rerun share scored"],
-                           r["rerun share scored"] <= KILL_SHARE))
+        out.append(_target(f"{r['rows']:,} rows killed at {r['killed at']}: the rerun "
+                           f"scores <= {KILL_SHARE:g} of the rows", r["rerun share scored"],
+                           bool(r["killed"]) and r["rerun share scored"] <= KILL_SHARE))
         out.append(_target("its output equals an uninterrupted run's, each row once (1: yes)",
                            float(r["equal to an uninterrupted run"]),
                            bool(r["equal to an uninterrupted run"])))
