@@ -302,21 +302,25 @@ def start_job(*args: str, log) -> subprocess.Popen:
 
 @pytest.mark.slow  # three whole jobs and a refused one: several minutes on 2 busy cores
 @pytest.mark.timeout(1500)
-def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, data, tmp_path):
+def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, data, tmp_path,
+                                                                         caplog):
     """SIGKILL of the driver once a group is committed; ``--resume`` scores the rest only
     and the output equals an uninterrupted run's, bit for bit, each row once. Meanwhile a
-    reader sees the committed groups whole. Progress: a line per commit with --progress."""
+    reader sees the committed groups whole. Progress: a line per commit with --progress
+    (the uninterrupted run, through the job's Python entry point on this module's
+    session; the killed and the resumed runs are the command's own drivers)."""
     source = tmp_path / "in"
     shutil.copytree(data / "flat", source)
     one_file = os.path.getsize(source / "part-0.parquet")
     common = ["--master", "local[2]", "--model", str(data / "model.skp"), "--input",
               str(source), "--features", "features", "--resume",
               "--commit-bytes", str(one_file + 10)]
-    reference = run_score_job(*common, "--output", str(tmp_path / "reference"), "--progress")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    assert reference.stdout.strip().endswith("rows_skipped=0 groups=6 groups_skipped=0"), \
-        reference.stdout
-    lines = [line.split(" INFO ", 1)[1] for line in reference.stderr.splitlines()
+    caplog.set_level(logging.INFO, logger="spark_keras.jobs.score")
+    reference = score(spark, HadoopPaths(spark), parse_args(
+        [*common[2:], "--output", str(tmp_path / "reference"), "--progress"]))
+    assert (reference["rows_skipped"], reference["groups"], reference["groups_skipped"]) == \
+        (0, 6, 0), reference
+    lines = [line for line in progress_lines(caplog)
              if "; group " not in line]  # the lines while a group is scored: not timed here
     assert lines[0] == f"scoring 6 group(s), {6 * one_file / 1024:.1f} KiB of input into " \
                        f"'{tmp_path / 'reference'}'", lines
