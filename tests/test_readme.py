@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import venv
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -332,6 +333,13 @@ def test_a_readme_example_runs_as_written_and_prints_what_the_readme_says(name, 
                TF_CPP_MIN_LOG_LEVEL="2", **env_extra)
     for key in ("SPARK_REMOTE", "SPARK_KERAS_BUILD_LOG"):
         env.pop(key, None)
+    if name == "tour":  # as a user runs it: .venv/bin/python, nothing activated, PATH's
+        # python3 a Python without the package, PYSPARK_PYTHON unset (its first block sets it)
+        bare = tmp_path / "bare"
+        venv.EnvBuilder(with_pip=False).create(bare)
+        for key in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV"):
+            env.pop(key, None)
+        env["PATH"] = os.pathsep.join([str(bare / "bin"), "/usr/bin", "/bin"])
     connect = "remote(" in "".join(blocks)
     with local_connect_server() if connect else contextlib.nullcontext():
         done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
