@@ -22,8 +22,9 @@ the same files: :data:`CHECK_TOLERANCE` of the largest), then the modes take tur
 rounds (the order reversed every other round, so that the machine's load falls on each
 alike), each Spark run after a warm-up on :data:`WARM_FILES` files (Spark stops Python
 workers idle for a minute). Printed: median rows/s, the median over the rounds of each run
-against the same round's model alone, and against the same round's fastest peer; versions
-and the load average beside them. A peer whose Python is missing is left out, said so.
+against the same round's model alone, and against the same round's fastest peer; for the
+spark-keras modes the CPU its Python workers and the driver's JVM used per row (medians);
+versions and the load average beside them. A peer whose Python is missing is left out, said so.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], st
     import pyspark
     import tensorflow as tf
 
-    from bench.images_bench import Alone
+    from bench.images_bench import Alone, measured, workers
     from bench.inputs_bench import pngs as make_pngs
     from bench.models import mobilenet_model
     from bench.sessions import local_session
@@ -194,11 +195,17 @@ def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], st
         runs: dict[str, Callable[[], float]] = {ALONE: alone.run, **timed, **{n: p.run for n, p in peers.items()}}
         modes = list(runs)
         times: dict[str, list[float]] = {mode: [] for mode in modes}
+        cpu: dict[str, list[tuple[float, float]]] = {mode: [] for mode in timed}
         for r in range(rounds):
             for mode in modes if r % 2 == 0 else modes[::-1]:
                 if mode in warm:
                     warm[mode]()
-                times[mode].append(runs[mode]())
+                if mode in timed:  # the Python workers' and the JVM's CPU seconds too
+                    wall, python, jvm = measured(runs[mode], workers)
+                    times[mode].append(wall)
+                    cpu[mode].append((python, jvm))
+                else:
+                    times[mode].append(runs[mode]())
         load.append(os.getloadavg()[0])
     finally:
         for peer in peers.values():
@@ -208,11 +215,11 @@ def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], st
         if spark is not None:
             spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return rows(times, files, versions, load)
+    return rows(times, cpu, files, versions, load)
 
 
-def rows(times: dict[str, list[float]], files: int, versions: list[str],
-         load: list[float]) -> tuple[list[dict], str]:
+def rows(times: dict[str, list[float]], cpu: dict[str, list[tuple[float, float]]], files: int,
+         versions: list[str], load: list[float]) -> tuple[list[dict], str]:
     """The table: per mode, median rows/s and per-round ratios to the model alone and to
     the round's fastest peer."""
     rounds = range(len(times[ALONE]))
@@ -223,6 +230,9 @@ def rows(times: dict[str, list[float]], files: int, versions: list[str],
                "x model alone": statistics.median(times[ALONE][r] / walls[r] for r in rounds)}
         if best_peer[0] is not None:
             row["x fastest peer"] = statistics.median(best_peer[r] / walls[r] for r in rounds)
+        used = cpu.get(mode)  # the spark-keras modes only (None: a blank cell)
+        row["CPU ms/row, Python workers"] = 1000 * statistics.median(p for p, _ in used) / files if used else None
+        row["CPU ms/row, JVM"] = 1000 * statistics.median(j for _, j in used) / files if used else None
         out.append(row)
     return out, (f"{', '.join(versions)}; load average (1 min) before, after: {load[0]:.1f}, "
                  f"{load[-1]:.1f}; median of {len(rounds)} rounds")
