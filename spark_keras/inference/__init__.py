@@ -2,7 +2,8 @@
 read off the model by ``signature``), input kinds as named Arrow columns (``columns``),
 one read per column (``walk`` and ``images``, giving a ``column_read.ColumnRead``), the
 ``on_invalid`` rule and the compiled model call (``engine``, ``predictor``), results
-shaped per front-end (``outputs``).
+shaped per front-end (``outputs``); batches of rows in mixed key order put together for
+KeyedModels (``keyed_batches``).
 
 Importing this package does not import pyarrow (the Spark worker daemon imports it
 before it may start Arrow's threads): import ``engine`` and the rest by module."""

@@ -10,7 +10,7 @@ each model once per worker, not once per batch. In a batch, the rows are grouped
 codes, zero-copy slices), each key's rows go to its model in one call, and the results
 are put back in row order; a batch of one key (rows clustered by key) is scored as is.
 Batches in mixed key order are put together first until each key has about a model
-call's rows (:mod:`.keyed_batches`).
+call's rows (:mod:`spark_keras.inference.keyed_batches`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from spark_keras.channel import versions
 from spark_keras.errors import ArgumentError, ArgumentTypeError, ModelInputError, SparkKerasError
 from spark_keras.inference import buckets as bucketing
 from spark_keras.inference.engine import Scored
+from spark_keras.inference.keyed_batches import gathered
 from spark_keras.inference.limits import InvalidBudget
 from spark_keras.inference.options import DEFAULT_BATCH_SIZE, Buckets, check_batch_size, check_on_invalid
 from spark_keras.inference.outputs import to_arrow
@@ -35,7 +36,6 @@ from spark_keras.inference.rows import RowNames
 from spark_keras.inference.specs import Signature, empty_outputs
 from spark_keras.spark import job_budget, scoring
 from spark_keras.spark.broadcast import BroadcastModel
-from spark_keras.spark.keyed_batches import gathered
 from spark_keras.spark.transform import transform as transform_df
 from spark_keras.spark.udf import arrow_udf_of, column_name
 

@@ -14,7 +14,7 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.inference import predictor_for
-from spark_keras.spark.keyed_batches import gathered
+from spark_keras.inference.keyed_batches import gathered
 from tests import models
 
 KEYS = [f"k{i}" for i in range(8)]
@@ -130,7 +130,7 @@ def test_gathered_batches_come_back_one_per_input_batch_within_the_bounds():
 
 
 def test_gathering_stops_at_the_rows_and_bytes_bounds(monkeypatch):
-    from spark_keras.spark import keyed_batches
+    from spark_keras.inference import keyed_batches
 
     many = [_batch(["a", "b"] * 50) for _ in range(10)]  # 100 rows of 2 keys each
     monkeypatch.setattr(keyed_batches, "MOST_ROWS", 250)
