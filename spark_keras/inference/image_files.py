@@ -61,7 +61,7 @@ def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | N
     for r in np.flatnonzero(~missing):
         data = raw[int(offsets[r] - offsets[0]):int(offsets[r + 1] - offsets[0])]
         try:
-            image = _decoded(Image, data, want_c, (want_h, want_w) if resize is not None else None, resize)
+            image = _decoded(Image, data, spec.shape, resize)
         except MemoryError:
             raise
         except Image.UnidentifiedImageError:
@@ -70,8 +70,9 @@ def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | N
         except Exception as e:  # noqa: BLE001 - whatever PIL raises on a file is the row's fault
             undecodable[r], why[int(r)] = True, f"{type(e).__name__}: {e}"
             continue
-        if any(w is not None and w != d for w, d in zip(spec.shape, image.shape)):
-            misfit[r], found[int(r)] = True, image.shape
+        shape = image if isinstance(image, tuple) else image.shape
+        if any(w is not None and w != d for w, d in zip(spec.shape, shape)):
+            misfit[r], found[int(r)] = True, shape
             continue
         pixels.append(image)
     problems = [
@@ -95,13 +96,25 @@ def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | N
     return ColumnRead(name, spec, n, leaf, starts, problems, shapes=shapes)
 
 
-def _decoded(Image: Any, data: np.ndarray, channels: int | None, size: tuple[Any, Any] | None,
-             resize: str | None) -> np.ndarray:
-    """One file as ``(H, W, C)`` uint8, as ``load_img`` would give it."""
+def _decoded(Image: Any, data: np.ndarray, shape: tuple[Any, Any, Any],
+             resize: str | None) -> np.ndarray | tuple[int, int, int]:
+    """One file as ``(H, W, C)`` uint8, as ``load_img`` would give it; or, for a file of
+    another size than the input's (without ``resize``), only the shape it would have: its
+    pixels are never decoded. A file declaring more pixels than PIL's
+    ``Image.MAX_IMAGE_PIXELS`` is refused before its pixels are decoded (PIL only warns up
+    to twice that: a 100 KB PNG of 10,000 x 10,000 would cost the worker a GB)."""
+    want_h, want_w, channels = shape
     with Image.open(io.BytesIO(data.data)) as image:
+        w, h = image.size
+        limit = Image.MAX_IMAGE_PIXELS
+        if limit and w * h > limit:
+            raise Image.DecompressionBombError(
+                f"{w} x {h} pixels, over PIL's Image.MAX_IMAGE_PIXELS ({limit}): a decompression bomb?")
         mode = _MODES.get(channels or 0) or (image.mode if image.mode in _MODES.values() else "RGB")
+        if resize is None and (want_h not in (None, h) or want_w not in (None, w)):
+            return h, w, Image.getmodebands(mode)
         converted = image if image.mode == mode else image.convert(mode)
-        if size is not None and converted.size != (size[1], size[0]):
-            converted = converted.resize((size[1], size[0]), Image.Resampling[str(resize).upper()])
+        if resize is not None and converted.size != (want_w, want_h):
+            converted = converted.resize((want_w, want_h), Image.Resampling[str(resize).upper()])
         out = np.asarray(converted)
     return out.reshape(*out.shape[:2], -1)

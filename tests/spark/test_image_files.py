@@ -79,3 +79,45 @@ def test_a_binary_column_for_a_flat_input_is_still_a_column_error():
                                                  r"'img' expects numbers"):
         model_inputs(from_arrow(["content"], [pa.array([b"x"], pa.binary())]), _signature((3,)))
 
+
+
+def _png_of_zeros(width: int, height: int, broken: bool = False) -> bytes:
+    """A grayscale PNG of ``width`` x ``height`` zeros, as small as zlib makes it: 10,000 x
+    10,000 is about 100 KB (``broken``: its pixel data is no zlib stream)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z, row = zlib.compressobj(9), b"\0" * (1 + width)
+    body = b"no zlib" if broken else b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("resize", [None, "bilinear"])
+def test_a_decompression_bomb_is_an_invalid_row_never_decoded(pngs, resize):  # noqa: F811
+    """10,000 x 10,000 pixels is over PIL's MAX_IMAGE_PIXELS (89 M) but under the twice of it
+    at which PIL itself refuses (it only warns): decoded, the 100 KB file cost the worker
+    about 1 GB and, resized, was scored as a valid row."""
+    good = pngs[1]["color.png"]
+    column = pa.array([good, _png_of_zeros(10_000, 10_000), good], pa.binary())
+    with pytest.raises(sk.ModelInputError, match=r"row 1 of this batch are not an image file PIL can "
+                                                 r"decode \(DecompressionBombError: 10000 x 10000 pixels, "
+                                                 r"over PIL's Image.MAX_IMAGE_PIXELS \(89478485\)"):
+        model_inputs(from_arrow(["content"], [column]), _signature((*SHAPE, 3)), resize=resize)
+    (x,), invalid = model_inputs(from_arrow(["content"], [column]), _signature((*SHAPE, 3)), "null",
+                                 resize=resize)
+    assert invalid.tolist() == [False, True, False] and len(x) == 2
+
+
+def test_a_file_of_another_size_is_refused_from_its_header(pngs):  # noqa: F811
+    """Without resize, an image of another size is refused by the size its header declares, its
+    pixels never decoded: a file whose pixel data is broken is refused for its size, not for
+    its data."""
+    good = pngs[1]["color.png"]
+    column = pa.array([_png_of_zeros(4000, 3000, broken=True), good], pa.binary())
+    with pytest.raises(sk.ModelInputError, match=r"the image at row 0 of this batch is 3000 x 4000 x 3; "
+                                                 r"the model input takes 4 x 5 x 3"):
+        model_inputs(from_arrow(["content"], [column]), _signature((*SHAPE, 3)))
