@@ -8,7 +8,8 @@ reads), converted to the input's channels as ``load_img(color_mode="grayscale" |
 other modes become RGB), and with ``resize`` resized to the input's height and width as
 ``load_img(target_size=..., interpolation=...)`` resizes it. A null, a file PIL cannot
 decode, or (without ``resize``) an image of another size than the input's is an invalid
-row saying which. The pixels stay uint8 (RGB order) until a model call takes its rows
+row saying which. The pixels stay uint8 (RGB order; a 16- or 32-bit grayscale file read
+into one channel keeps its values, as ``load_img`` keeps them) until a model call takes its rows
 (:class:`.images.ImageRows`): an Arrow batch is never held whole as float32.
 
 Decoding here costs the worker about 1.4 ms of CPU for a 224 x 224 PNG (PIL and
@@ -32,6 +33,8 @@ from spark_keras.inference.specs import TensorSpec
 
 # the input's channels -> PIL's mode (load_img's color_mode)
 _MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+# the modes load_img(color_mode="grayscale") keeps as they are (16-bit PNG: values to 65535)
+_GRAY = ("L", "I;16", "I")
 
 
 def is_image_files(arr: pa.Array, spec: TensorSpec) -> bool:
@@ -111,6 +114,8 @@ def _decoded(Image: Any, data: np.ndarray, shape: tuple[Any, Any, Any],
             raise Image.DecompressionBombError(
                 f"{w} x {h} pixels, over PIL's Image.MAX_IMAGE_PIXELS ({limit}): a decompression bomb?")
         mode = _MODES.get(channels or 0) or (image.mode if image.mode in _MODES.values() else "RGB")
+        if mode == "L" and image.mode in _GRAY:  # load_img's grayscale keeps 16 and 32 bits
+            mode = image.mode
         if resize is None and (want_h not in (None, h) or want_w not in (None, w)):
             return h, w, Image.getmodebands(mode)
         converted = image if image.mode == mode else image.convert(mode)

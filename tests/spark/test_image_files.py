@@ -121,3 +121,21 @@ def test_a_file_of_another_size_is_refused_from_its_header(pngs):  # noqa: F811
     with pytest.raises(sk.ModelInputError, match=r"the image at row 0 of this batch is 3000 x 4000 x 3; "
                                                  r"the model input takes 4 x 5 x 3"):
         model_inputs(from_arrow(["content"], [column]), _signature((*SHAPE, 3)))
+
+
+@pytest.mark.parametrize("resize", [None, "bilinear"])
+def test_a_16_bit_grayscale_file_keeps_its_values_as_load_img_does(pngs, resize):  # noqa: F811
+    """load_img(color_mode="grayscale") keeps a 16-bit PNG's values (to 65535); converted to
+    8 bits, every value over 255 read as 255."""
+    import io
+
+    from PIL import Image
+
+    deep = io.BytesIO()
+    Image.fromarray((np.arange(20, dtype=np.uint16).reshape(SHAPE) * 3000)).save(deep, "PNG")
+    files = [pngs[1]["color.png"], deep.getvalue()]
+    (x,), invalid = model_inputs(from_arrow(["content"], [pa.array(files, pa.binary())]),
+                                 _signature((*SHAPE, 1)), "null", resize=resize)
+    assert invalid is None and x.max() == 57_000
+    for got, data in zip(x, files):
+        np.testing.assert_array_equal(got, _keras(data, 1, SHAPE if resize else None, resize or "nearest"))
