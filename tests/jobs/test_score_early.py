@@ -165,3 +165,22 @@ def test_a_manifest_without_model_digests_compares_the_file(folder, tmp_path):
     assert manifest.difference(old, new, "in") is None
     said = manifest.difference(old, dict(new, model_sha256="b" * 64), "in")
     assert said is not None and said.startswith("the model is another one (sha256 bbbbbbbbbbbb"), said
+
+
+@pytest.mark.parametrize("text, spark_names, answered", [
+    ("\ufeffid,x\n1,2\n", ["id", "x"], True),  # a byte order mark (Excel's CSV): Spark drops it
+    ("\n  \nid,x\n1,2\n", ["id", "x"], True),  # blank lines first: Spark skips them
+    ("id,,x\n1,2,3\n", ["id", "_c1", "x"], True),
+    ("a,a,b\n1,2,3\n", ["a0", "a1", "b"], False),  # repeated names: Spark adds their places
+    ("A,a,b\n1,2,3\n", ["A0", "a1", "b"], False),
+    ('"a,b","c ""q""",d\n1,2,3\n', ["a,b", '"c ""q"""', "d"], False),  # Spark's quoting: \ escapes
+])
+def test_csv_header_names_are_sparks_or_no_answer(tmp_path, text, spark_names, answered):
+    """The early answer's CSV columns are those Spark 4's reader (header=True) gives for
+    the file (measured with PySpark 4.3), or none at all, never others: a valid
+    job (``--id-col id`` of a file with a byte order mark, ``--features a0``) was refused."""
+    from spark_keras.jobs.score.early import input_columns
+
+    (tmp_path / "in.csv").write_text(text, encoding="utf-8", newline="")
+    found = input_columns(ArrowPaths(), str(tmp_path / "in.csv"), "csv")
+    assert found == (spark_names if answered else None), found

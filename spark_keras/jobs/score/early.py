@@ -18,7 +18,8 @@ import argparse
 import csv
 import gzip
 import io
-from typing import Sequence
+import itertools
+from typing import Any, Sequence
 
 from spark_keras.jobs.score import manifest
 from spark_keras.jobs.score.arrow_paths import ArrowPaths
@@ -108,11 +109,26 @@ def input_columns(paths: ArrowPaths, root: str, fmt: str) -> list[str] | None:
         elif local.lower().endswith(_COMPRESSED):
             return None
         else:
-            opener = gzip.open if local.lower().endswith(".gz") else open
-            with opener(local, "rb") as raw:
-                line = io.TextIOWrapper(raw, encoding="utf-8", newline="").readline()
-            header = next(csv.reader([line]), [])
-            names = [name or f"_c{i}" for i, name in enumerate(header)]
+            names = _csv_header(local)
+            if names is None:
+                return None
     except (OSError, ValueError, UnicodeDecodeError):  # pyarrow's ArrowInvalid is one
         return None
     return names + [p for p in partitions if p not in names]
+
+
+def _csv_header(local: str, lines: int = 100) -> list[str] | None:
+    """The column names Spark's CSV reader (``header``) takes from the local file: its
+    first line that is not blank (Spark skips those), a UTF-8 byte order mark dropped (as
+    Spark drops it), an empty name as ``_c<i>``; None when Spark would name them another
+    way than this can tell: a quote in the line (Spark's quoting escapes with ``\\``, not
+    ``""``), names repeated (Spark adds their places, case-insensitively), no line found."""
+    opener: Any = gzip.open if local.lower().endswith(".gz") else open
+    with opener(local, "rb") as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+        line = next((line for line in itertools.islice(text, lines) if line.strip()), None)
+    if line is None or '"' in line:
+        return None
+    names = [name or f"_c{i}" for i, name in enumerate(next(csv.reader([line]), []))]
+    folded = [name.lower() for name in names]
+    return names if len(set(folded)) == len(folded) else None
