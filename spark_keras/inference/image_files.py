@@ -26,9 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 from spark_keras._deps import require
-from spark_keras.errors import ModelInputError
 from spark_keras.inference.column_read import IMAGE_DATA, IMAGE_SIZE, NULL, ColumnRead, Problem, nulls
-from spark_keras.inference.images import ImagesRead, binary_buffers
+from spark_keras.inference.images import ImagesRead, binary_buffers, check_resize
 from spark_keras.inference.specs import TensorSpec
 
 # the input's channels -> PIL's mode (load_img's color_mode)
@@ -50,10 +49,7 @@ def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | N
     from PIL import Image
 
     want_h, want_w, want_c = spec.shape
-    if resize is not None and (want_h is None or want_w is None):
-        raise ModelInputError(
-            f"column {name!r}: resize={resize!r} resizes images to the model input's height "
-            f"and width, and {spec.name!r} takes any ({spec.describe()})")
+    check_resize(name, spec, resize)
     n = len(arr)
     missing = nulls(arr)
     offsets, raw = binary_buffers(arr.cast(pa.binary()) if pa.types.is_fixed_size_binary(arr.type) else arr)
@@ -77,6 +73,7 @@ def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | N
         if any(w is not None and w != d for w, d in zip(spec.shape, shape)):
             misfit[r], found[int(r)] = True, shape
             continue
+        assert isinstance(image, np.ndarray)  # a shape alone is of another size: a misfit
         pixels.append(image)
     problems = [
         Problem(missing, lambda r, at: f"null image file at {at}", NULL),
@@ -99,7 +96,7 @@ def read_image_files(name: str, arr: pa.Array, spec: TensorSpec, resize: str | N
     return ColumnRead(name, spec, n, leaf, starts, problems, shapes=shapes)
 
 
-def _decoded(Image: Any, data: np.ndarray, shape: tuple[Any, Any, Any],
+def _decoded(Image: Any, data: np.ndarray, shape: tuple[int | None, ...],
              resize: str | None) -> np.ndarray | tuple[int, int, int]:
     """One file as ``(H, W, C)`` uint8, as ``load_img`` would give it; or, for a file of
     another size than the input's (without ``resize``), only the shape it would have: its

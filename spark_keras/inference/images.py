@@ -54,10 +54,7 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
             f"{spec.name!r} expects {spec.describe()} per row, not an image of shape "
             f"(height, width, channels)")
     want_h, want_w, want_c = spec.shape
-    if resize is not None and (want_h is None or want_w is None):
-        raise ModelInputError(
-            f"column {name!r}: resize={resize!r} resizes images to the model input's height "
-            f"and width, and {spec.name!r} takes any ({spec.describe()})")
+    check_resize(name, spec, resize)
     n = len(arr)
     fields = dict(zip((f.name for f in arr.type), arr.flatten()))
     missing = nulls(arr) | nulls(fields["data"])
@@ -124,6 +121,14 @@ def read_images(name: str, arr: pa.StructArray, spec: TensorSpec,
             leaf[int(starts[r]):int(starts[r]) + pixels.size] = pixels.reshape(-1)
     return ColumnRead(name, spec, n, leaf, starts, [p for p in problems if p.rows.any()],
                       shapes=shapes if spec.variable else None)
+
+
+def check_resize(name: str, spec: TensorSpec, resize: str | None) -> None:
+    """Refuse ``resize`` for an image input of unknown height or width (nothing to resize to)."""
+    if resize is not None and (spec.shape[0] is None or spec.shape[1] is None):
+        raise ModelInputError(
+            f"column {name!r}: resize={resize!r} resizes images to the model input's height "
+            f"and width, and {spec.name!r} takes any ({spec.describe()})")
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 import spark_keras as sk
 from spark_keras.inference.columns import from_arrow
 from spark_keras.inference.engine import model_inputs
-from tests.spark.test_images import SHAPE, _keras, _signature, pngs  # noqa: F401 (pngs: a fixture)
+from tests.spark.test_images import SHAPE, _keras, _signature, echoed_as_load_img, pngs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -56,22 +56,8 @@ def test_bad_files_are_invalid_rows_saying_why(pngs):  # noqa: F811
 
 
 def test_files_decoded_in_the_workers(spark, pngs):  # noqa: F811
-    import keras
-
     folder, data = pngs
-    df = spark.read.format("binaryFile").load(str(folder))
-    for shape, resize in (((*SHAPE, 3), None), ((6, 3, 1), "bilinear")):
-        echo = keras.Sequential([keras.Input(shape), keras.layers.Flatten()])
-        bm = sk.BroadcastModel(spark, echo, resize=resize)
-        try:
-            out = bm.transform(df, "content").select("path", "prediction").collect()
-        finally:
-            bm.destroy()
-        assert len(out) == 3
-        for r in out:  # every file, whatever its channels
-            want = _keras(data[r.path.rsplit("/", 1)[-1]], shape[-1], shape[:2] if resize else None,
-                          resize or "nearest")
-            np.testing.assert_array_equal(np.array(r.prediction, np.float32), want.reshape(-1))
+    echoed_as_load_img(spark, spark.read.format("binaryFile").load(str(folder)), "content", "path", data)
 
 
 def test_a_binary_column_for_a_flat_input_is_still_a_column_error():

@@ -108,18 +108,23 @@ def test_another_size_is_invalid_without_resize(spark, rows):
 
 
 def test_converted_and_resized_pixels_through_the_workers(spark, pngs):
+    folder, data = pngs
+    echoed_as_load_img(spark, spark.read.format("image").load(str(folder)), "image", "image.origin", data)
+
+
+def echoed_as_load_img(spark, df, column: str, origin: str, data: dict[str, bytes]) -> None:
+    """A model returning its input, given ``column`` of ``df`` (the files of ``data``, named
+    by ``origin``), returns what ``load_img`` + ``img_to_array`` give, converted and resized."""
     import keras
 
-    folder, data = pngs
-    df = spark.read.format("image").load(str(folder))
     for shape, resize in (((*SHAPE, 3), None), ((6, 3, 1), "bilinear")):
         echo = keras.Sequential([keras.Input(shape), keras.layers.Flatten()])
         bm = sk.BroadcastModel(spark, echo, resize=resize)
         try:
-            out = bm.transform(df, "image").select("image.origin", "prediction").collect()
+            out = bm.transform(df, column).select(df[origin].alias("origin"), "prediction").collect()
         finally:
             bm.destroy()
-        assert len(out) == 3
+        assert len(out) == len(data)
         for r in out:  # every file, whatever its channels
             want = _keras(data[_name(r.origin)], shape[-1], shape[:2] if resize else None,
                           resize or "nearest")
