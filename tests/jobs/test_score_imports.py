@@ -90,6 +90,34 @@ def test_import_takes_a_file_a_package_folder_or_a_name_and_finds_their_layers(t
         import_modules([str(tmp_path / "gone.py")])
 
 
+
+def test_an_imported_files_folder_is_not_put_on_sys_path(tmp_path):
+    """A ``.py`` file is imported from its path alone: its folder (here one anyone may
+    write, as /tmp) is not put first on the driver's ``sys.path``, where a module planted
+    beside the file ran, as the job's user, as soon as anything imported that name."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    (shared / "sk55_beside.py").write_text(LAYERS.format(package="sk55_beside"))
+    (shared / "sk55_planted.py").write_text("raise SystemExit('planted code ran')\n")
+    before = list(sys.path)
+    found = import_modules([str(shared / "sk55_beside.py")])
+    assert sys.path == before
+    assert list(registered_objects(found)) == ["sk55_beside>GatedResidual"]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("sk55_planted")
+
+
+@pytest.mark.parametrize("name", ["json", "keras", "spark_keras"])
+def test_an_import_named_like_another_module_is_refused(tmp_path, name):
+    """A file named like a module found here (Python's json, an installed package): it was
+    not imported at all (the other module was, silently, and the model then said its
+    class was not registered), and shipped it would hide that module on the executors."""
+    (tmp_path / f"{name}.py").write_text(LAYERS.format(package=f"sk55_{name}"))
+    with pytest.raises(JobError, match=rf"--import '.*{name}.py': a module '{name}' is already "
+                                       rf"found here \(/.*\), .*; give your module another name"):
+        import_modules([str(tmp_path / f"{name}.py")])
+    assert not any(key.startswith(f"sk55_{name}>") for key in keras.saving.get_custom_objects())
+
 def test_a_class_no_module_registers_and_a_lambda_are_one_short_line(tmp_path):
     """What the job says when Keras cannot rebuild the model here: the class it cannot
     locate and --import, in one short line (Keras's own text is ~1,500 characters); a

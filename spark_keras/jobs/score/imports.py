@@ -4,7 +4,8 @@ layers and functions.
 
 * On the driver each is imported before the model is loaded (:func:`import_modules`): a
   module name as Python finds it (``PYTHONPATH``, an installed package), or a local
-  ``.py`` file or package folder, imported from its folder.
+  ``.py`` file or package folder, imported from its path (its folder is not put on
+  ``sys.path``: a sibling module it imports is not found, here as on the executors).
 * On the executors: a ``.py`` file or package folder is shipped with ``--py-files``
   semantics (:func:`ship_modules`: ``SparkContext.addPyFile``, a package zipped first; on Spark
   Connect ``addArtifacts(..., pyfile=True)``), and the objects the modules registered go
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -80,17 +82,51 @@ def import_modules(specs: Iterable[str]) -> list[Imported]:
             flavour.current()
     for spec in specs:
         item = _resolve(spec)
-        if item.path is not None:
-            folder = os.path.dirname(item.path.rstrip(os.sep))
-            if folder not in sys.path:
-                sys.path.insert(0, folder)
         try:
-            importlib.import_module(item.name)
+            _load(item)
+        except JobError:
+            raise
         except Exception as exc:  # ImportError, or whatever the module raised
             raise JobError(f"--import {spec!r}: cannot import {item.name!r}: "
                            f"{type(exc).__name__}: {exc}") from exc
         done.append(item)
     return done
+
+
+def _load(item: Imported) -> None:
+    """Import ``item``: a module name as Python finds it; a ``.py`` file or package folder
+    from its path alone, its folder never put on ``sys.path`` (whoever can write there could
+    plant any module this process imports later, e.g. a shared ``/tmp``). Refused when it
+    has the name of another module found here (``json.py``: Python's json, imported instead
+    of the file; on the executors the shipped file would hide that module)."""
+    if item.path is None:
+        importlib.import_module(item.name)
+        return
+    file = item.path if item.path.endswith(".py") else os.path.join(item.path, "__init__.py")
+    if not item.name.isidentifier():
+        raise JobError(f"--import {item.spec!r}: {item.name!r} is not a module name Python "
+                       f"can import; rename it")
+    try:
+        found = importlib.util.find_spec(item.name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and os.path.realpath(found.origin or "") != os.path.realpath(file):
+        raise JobError(f"--import {item.spec!r}: a module {item.name!r} is already found here "
+                       f"({found.origin or 'built in'}), which the file would hide on the "
+                       f"executors or be hidden by here; give your module another name")
+    if found is not None:  # this very file, imported already
+        importlib.import_module(item.name)
+        return
+    spec = importlib.util.spec_from_file_location(
+        item.name, file, submodule_search_locations=None if file == item.path else [item.path])
+    assert spec is not None and spec.loader is not None  # a .py file's
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[item.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(item.name, None)
+        raise
 
 
 def registered_objects(imported: Iterable[Imported]) -> dict[str, Any]:
