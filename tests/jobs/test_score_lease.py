@@ -120,6 +120,37 @@ def test_a_holder_on_another_host_counts_while_its_beats_go_on(tmp_path, quick):
         assert not os.path.exists(os.path.join(folder, f"holder-{token}.json"))
 
 
+
+_HOLD = """
+import sys
+from spark_keras.jobs.score import lease as score_lease
+from spark_keras.jobs.score.arrow_paths import ArrowPaths
+score_lease.BEAT_SECONDS = 0.2
+with score_lease.Lease(ArrowPaths(), sys.argv[1]):
+    print("taken", flush=True)
+    sys.stdin.read()  # until the test closes it
+"""
+
+
+def test_a_job_of_another_pid_namespace_of_this_host_counts_while_its_beats_go_on(
+        tmp_path, quick):
+    """Containers sharing the host's network share its host name, not its pids (docker
+    --net=host, Kubernetes' hostNetwork): a live job in another pid namespace (its pid 1
+    here is this namespace's init, of another start time) was judged dead and its output
+    taken over at once; now it is watched as another host's, by its beats."""
+    if subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True).returncode:
+        pytest.skip("unshare of a pid namespace is not permitted here")
+    out = str(tmp_path / "scored")
+    holder = subprocess.Popen(["unshare", "-pf", "--mount-proc", sys.executable, "-c", _HOLD, out],
+                              cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "taken"
+        with pytest.raises(JobError, match=r"is being written by another score job \(pid 1 on host"):
+            Lease(ArrowPaths(), out).take()
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
+
 def test_a_job_whose_lease_was_taken_over_stops_before_its_next_commit(tmp_path, quick):
     out = str(tmp_path / "scored")
     lease = Lease(ArrowPaths(), out)

@@ -11,7 +11,8 @@ one every :data:`BEAT_SECONDS`. Only the path layer's create, list and delete ar
 so it works wherever the job writes (local files, HDFS, object stores):
 
 * **Taking it.** A job that finds another holder refuses (exit 2) while that job is alive:
-  on this host while its process runs; on another, while its beats go on (watched for up
+  on this host (its name, boot and pid namespace: a container sharing the host's name
+  has pids of its own) while its process runs; on another, while its beats go on (watched for up
   to :data:`STALE_SECONDS`). A holder found dead (a SIGKILLed driver, a preempted node)
   is removed, so a rerun resumes without help (a holder file that is not a holder's at
   once: each is written whole). Then the job writes its holder file, waits
@@ -80,6 +81,18 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def _pid_space() -> str | None:
+    """This process's boot and pid namespace (Linux's ``/proc``): two jobs of one host
+    name see each other's pids only if both agree. Containers that share the host's
+    network share its host name, not its pids (``docker --net=host``, Kubernetes'
+    ``hostNetwork``): there, another job's pid names another process or none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
 def _running(pid: int, start: str | None) -> bool:
     """Whether process ``pid`` of this host runs (the same process, if ``start`` is known)."""
     try:
@@ -142,7 +155,8 @@ class Lease:
         if not isinstance(info, dict) or not isinstance(info.get("host"), str) \
                 or not isinstance(info.get("pid"), int):
             return False, {"host": "?", "pid": "?", "started": f"a damaged {path!r}"}
-        if info["host"] == socket.gethostname():
+        here = _pid_space()
+        if info["host"] == socket.gethostname() and info.get("pid_space", here) == here:
             return _running(info["pid"], info.get("pid_start")), info
         seen = self._beats(token)  # another host's: alive while its beats change
         deadline = time.monotonic() + STALE_SECONDS
@@ -176,7 +190,7 @@ class Lease:
                 raise JobError(f"cannot remove {path!r}, the lease of a score job that is "
                                f"gone; remove it to go on")
         info = {"host": socket.gethostname(), "pid": os.getpid(),
-                "pid_start": _process_start(os.getpid()),
+                "pid_start": _process_start(os.getpid()), "pid_space": _pid_space(),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         # the token orders claims by when they were written: made now, not before the
         # wait above, so a claimant that stalled comes after one that did not
