@@ -125,7 +125,9 @@ def spark_modes(spark, model_path: str, folder: str, warm_folder: str) -> tuple[
     def png(path: str):
         return bm_png.transform(spark.read.format("binaryFile").load(path), "content", batch_size=BATCH_SIZE)
 
-    cached = spark.read.format("image").load(folder).cache()
+    # by a glob: Spark's cache serves any later read whose plan is the cached one's, so a
+    # cached load(folder) would be what format('image') runs read, and they would decode nothing
+    cached = spark.read.format("image").load(os.path.join(folder, "*.png")).cache()
     cached.count()
     frames: dict[str, Callable[[str], Any]] = {
         FILE: files, ROWS: images, PNG: png, CACHED: lambda path: bm.transform(cached, "image", batch_size=BATCH_SIZE)}
