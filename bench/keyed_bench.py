@@ -14,10 +14,16 @@ into the ``noop`` sink, the modes interleaved over the rounds:
 Every row's prediction is checked first against its key's own BroadcastModel (exact).
 Then the executor's payload folder: one file per model that a worker used.
 
-With 48 models (5,000 rows per key, the same 240,000 rows) the clustered and random-order
-modes again: each worker's cache makes room for every key's model (up to 64), so rows in
-random key order build each model once per worker. Targets: random order at 0.8x
-clustered or better with 12 models, 0.5x with 48.
+Then the curve (issue 55 item 10): for 2, 5, 12, 20 and 50 models on the same 240,000 rows,
+the frame in random key order (8 partitions) against the rows clustered by key in 8
+partitions of as many rows (``repartitionByRange(8, "key", "id")``, sorted within: each
+task holds a few keys, each in one run), one count at a time, the two modes interleaved
+over the rounds, each checked exact first (3 keys' rows against their own BroadcastModel).
+Each worker's cache makes room for every key's model (up to 64), so rows in random key
+order build each model once per worker; a task puts consecutive batches of mixed keys
+together until each key has about two model calls' rows
+(:mod:`spark_keras.inference.keyed_batches`). Targets: random order at 0.8x clustered or
+better with 12 models and on the curve up to 20 keys, 0.5x with 50.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 KEYS = 12
 ROWS_PER_KEY = 20_000
-MANY_KEYS = 48  # the second round: as many rows, four times the models
+CURVE_KEYS = (2, 5, 12, 20, 50)  # the curve: as many rows, these many models
 FEATURES = 64
 MODES = ("12 x BroadcastModel.transform", "KeyedModels.transform, clustered",
          "KeyedModels.transform, random order")
@@ -94,7 +100,8 @@ def _check(handles, keyed, df) -> None:
     want = {r.id: r.prediction for key, bm in handles.items()
             for r in bm.transform(sample.where(F.col("key") == key), "features")
             .select("id", "prediction").collect()}
-    assert got == want, sorted(i for i in want if got.get(i) != want[i])[:10]
+    assert want and {i: got.get(i) for i in want} == want, \
+        sorted(i for i in want if got.get(i) != want[i])[:10]
 
 
 def run(quick: bool = False, repeats: int = 4) -> list[dict]:
@@ -102,8 +109,9 @@ def run(quick: bool = False, repeats: int = 4) -> list[dict]:
     return run_all(quick, repeats)[0]
 
 
-def run_all(quick: bool = False, repeats: int = 4) -> tuple[list[dict], list[dict]]:
-    """:func:`run`'s rows, and the executor's payload files of the KeyedModels' models."""
+def run_all(quick: bool = False, repeats: int = 4) -> tuple[list[dict], list[dict], list[dict]]:
+    """:func:`run`'s rows, the executor's payload files of the KeyedModels' models, and the
+    curve (:func:`_curve`)."""
     import spark_keras as sk
     from bench.models import mlp_model
     from bench.sessions import local_session
@@ -144,40 +152,51 @@ def run_all(quick: bool = False, repeats: int = 4) -> tuple[list[dict], list[dic
         keyed.destroy()
         for bm in handles.values():
             bm.destroy()
-        out += _many_keys(spark, rows, repeats)
+        curve = _curve(spark, rows, (2, 20) if quick else CURVE_KEYS, repeats)
     finally:
         spark.stop()
-    return out, memory
+    return out, memory, curve
 
 
-def _many_keys(spark, rows: int, repeats: int) -> list[dict]:
-    """KeyedModels of :data:`MANY_KEYS` models on as many rows, clustered and in random
-    key order (checked exact first on a sample against each key's own model)."""
+def _curve(spark, rows: int, counts: tuple[int, ...], repeats: int) -> list[dict]:
+    """Per count of models: KeyedModels on ``rows`` rows in random key order against the
+    rows clustered by key in as many balanced partitions, checked exact first on a sample
+    against 3 keys' own models, then a warm-up of each mode and ``repeats`` rounds of the
+    two interleaved. One count at a time: the models of another count would turn the
+    workers' caches over (at most 64 models) and charge their builds to the mode run first."""
     import spark_keras as sk
     from bench.models import mlp_model
 
-    models = {f"k{i}": mlp_model() for i in range(MANY_KEYS)}
-    random = _frame(spark, rows, MANY_KEYS).cache()
-    clustered = random.repartition(8, "key").sortWithinPartitions("key").cache()
-    random.count(), clustered.count()
-    keyed = sk.KeyedModels(spark, models)
-    try:
-        runs = {f"{MANY_KEYS} keys, clustered": clustered, f"{MANY_KEYS} keys, random order": random}
-        for df in runs.values():  # warm-up
-            _noop(keyed.transform(df, "features", key="key"))
-        times: dict[str, list[float]] = {mode: [] for mode in runs}
-        for _ in range(repeats):
-            for mode, df in runs.items():
-                times[mode].append(_noop(keyed.transform(df, "features", key="key")))
-        first = min(times[f"{MANY_KEYS} keys, clustered"])
-        return [{"mode": f"KeyedModels.transform, {mode}", "rows": rows,
-                 "rows/s": rows / min(t), "x 12 transforms": None,
-                 "x 12 transforms, median of rounds": None, "x clustered": first / min(t)}
-                for mode, t in times.items()]
-    finally:
-        keyed.destroy()
-        random.unpersist()
-        clustered.unpersist()
+    out = []
+    for n in counts:
+        models = {f"k{i}": mlp_model() for i in range(n)}
+        random = _frame(spark, rows, n).cache()
+        clustered = random.repartitionByRange(8, "key", "id").sortWithinPartitions(
+            "key", "id").cache()
+        random.count(), clustered.count()
+        keyed = sk.KeyedModels(spark, models)
+        handles = {k: sk.BroadcastModel(spark, models[k]) for k in list(models)[:3]}
+        try:
+            _check(handles, keyed, random)
+            modes = {"clustered": clustered, "random": random}
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
+            for df in modes.values():  # warm-up: every worker builds what it needs
+                _noop(keyed.transform(df, "features", key="key"))
+            for _ in range(repeats):
+                for mode, df in modes.items():
+                    times[mode].append(_noop(keyed.transform(df, "features", key="key")))
+        finally:
+            for handle in [keyed, *handles.values()]:
+                handle.destroy()
+            random.unpersist()
+            clustered.unpersist()
+        out.append({"models": n, "rows": rows,
+                    "clustered rows/s": rows / min(times["clustered"]),
+                    "random order rows/s": rows / min(times["random"]),
+                    "x clustered": min(times["clustered"]) / min(times["random"]),
+                    "x clustered, median of rounds": statistics.median(
+                        c / r for c, r in zip(times["clustered"], times["random"]))})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
