@@ -114,10 +114,11 @@ def _isolation(args: argparse.Namespace) -> Shown:
 def _keyed(args: argparse.Namespace) -> Shown:
     from bench import keyed_bench
 
-    rows, memory = keyed_bench.run_all(quick=args.quick)
-    return ({"keyed": rows, "keyed_memory": memory}, TITLES["keyed"],
-            [table(rows, floatfmt="{:,.3f}"), table(memory, floatfmt="{:,.2f}")],
-            targets.keyed_targets(rows))
+    rows, memory, curve = keyed_bench.run_all(quick=args.quick)
+    return ({"keyed": rows, "keyed_memory": memory, "keyed_curve": curve}, TITLES["keyed"],
+            [table(rows, floatfmt="{:,.3f}"), table(memory, floatfmt="{:,.2f}"),
+             table(curve, floatfmt="{:,.3f}")],
+            targets.keyed_targets(rows, curve))
 
 
 def _large(args: argparse.Namespace) -> Shown:

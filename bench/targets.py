@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from bench.report import pick
 
 
@@ -170,13 +172,15 @@ def isolation_targets(rows: list[dict]) -> list[str]:
 KEYED_CLUSTERED = 0.8  # KeyedModels on rows clustered by key against 12 separate transforms
 
 
-KEYED_RANDOM = {"KeyedModels.transform, random order": 0.8,  # x clustered, 12 models
-                "KeyedModels.transform, 48 keys, random order": 0.5}
+KEYED_RANDOM = {"KeyedModels.transform, random order": 0.8}  # x clustered, 12 models
+KEYED_CURVE = 0.8  # random key order x clustered (balanced partitions), up to 20 models
+KEYED_CURVE_MANY = (20, 0.5)  # above 20 models: 0.5x
 
 
-def keyed_targets(rows: list[dict]) -> list[str]:
+def keyed_targets(rows: list[dict], curve: Sequence[dict] = ()) -> list[str]:
     """KeyedModels on clustered rows at 0.8x the twelve hand-made transforms or better;
-    rows in random key order at 0.8x clustered with 12 models, 0.5x with 48."""
+    rows in random key order at 0.8x clustered with 12 models, and on the ``curve`` at
+    0.8x clustered up to 20 models, 0.5x above (the medians of the rounds' ratios)."""
     out = [_target(f"KeyedModels on rows clustered by key >= {KEYED_CLUSTERED:g}x 12 separate "
                    f"transforms", r["x 12 transforms, median of rounds"],
                    r["x 12 transforms, median of rounds"] >= KEYED_CLUSTERED)
@@ -184,6 +188,11 @@ def keyed_targets(rows: list[dict]) -> list[str]:
     out += [_target(f"{r['mode']} >= {KEYED_RANDOM[r['mode']]:g}x clustered", r["x clustered"],
                     r["x clustered"] >= KEYED_RANDOM[r["mode"]])
             for r in rows if r["mode"] in KEYED_RANDOM]
+    for r in curve:
+        least = KEYED_CURVE if r["models"] <= KEYED_CURVE_MANY[0] else KEYED_CURVE_MANY[1]
+        ratio = r["x clustered, median of rounds"]
+        out.append(_target(f"KeyedModels, {r['models']} models, random key order >= {least:g}x "
+                           f"clustered", ratio, ratio >= least))
     return out
 
 

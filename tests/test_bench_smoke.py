@@ -155,7 +155,10 @@ def test_bench_keyed_quick_times_every_mode_and_counts_one_file_per_model():
     assert [r["mode"] for r in rows] == list(keyed_bench.MODES)
     memory = _printed_table(out, "executor payload files")
     assert memory[0]["executor payload files"] == str(keyed_bench.KEYS)
-    assert "KeyedModels on rows clustered by key >= 0.8x" in out  # the target
+    curve = _printed_table(out, "x clustered, median of rounds")  # quick: 2 and 20 models
+    assert [r["models"] for r in curve] == ["2", "20"]
+    assert "KeyedModels on rows clustered by key >= 0.8x" in out  # the targets
+    assert "KeyedModels, 20 models, random key order >= 0.8x clustered" in out
 
 
 @pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
