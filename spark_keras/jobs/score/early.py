@@ -101,20 +101,17 @@ def input_columns(paths: ArrowPaths, root: str, fmt: str) -> list[str] | None:
     partitions = [part.partition("=")[0] for part in relative.split("/")[:-1] if "=" in part]
     location = join(root, relative) if relative else root
     local = file_uri_path(location) if scheme(location) == "file" else location
+    names: list[str] | None = None
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
             names = list(pq.read_schema(local).names)
-        elif local.lower().endswith(_COMPRESSED):
-            return None
-        else:
+        elif not local.lower().endswith(_COMPRESSED):
             names = _csv_header(local)
-            if names is None:
-                return None
     except (OSError, ValueError, UnicodeDecodeError):  # pyarrow's ArrowInvalid is one
         return None
-    return names + [p for p in partitions if p not in names]
+    return None if names is None else names + [p for p in partitions if p not in names]
 
 
 def _csv_header(local: str, lines: int = 100) -> list[str] | None:
