@@ -118,6 +118,36 @@ def test_an_import_named_like_another_module_is_refused(tmp_path, name):
         import_modules([str(tmp_path / f"{name}.py")])
     assert not any(key.startswith(f"sk55_{name}>") for key in keras.saving.get_custom_objects())
 
+
+@pytest.mark.parametrize("how", ["another user's file", "a file others may write",
+                                 "a package with another user's module"])
+def test_an_import_another_user_may_have_written_is_refused(tmp_path, how):
+    """The job runs the module as its own user (on the driver and the executors): a .py
+    file or package of another user's, or one every user may write, is refused before it
+    runs, naming the file; nothing of it is imported."""
+    from tests.other_user import give_to_other_user
+
+    name = f"sk55_foreign_{how.split()[1].replace(chr(39), '')}_{len(how)}"
+    if how.startswith("a package"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"from {name}.layers import GatedResidual\n")
+        (tmp_path / name / "layers.py").write_text(LAYERS.format(package=name))
+        give_to_other_user(tmp_path / name / "layers.py")
+        given, bad = tmp_path / name, tmp_path / name / "layers.py"
+    else:
+        given = bad = tmp_path / f"{name}.py"
+        bad.write_text(LAYERS.format(package=name))
+        if how == "another user's file":
+            give_to_other_user(bad)
+        else:
+            bad.chmod(0o666)
+    said = "is owned by user .spark-keras-other." if "user's" in how else \
+        r"is writable by others \(mode 0666\)"
+    with pytest.raises(JobError, match=rf"--import '{given}': '{bad}' {said}: the job would run "
+                                       rf"code another user may have written"):
+        import_modules([str(given)])
+    assert name not in sys.modules
+
 def test_a_class_no_module_registers_and_a_lambda_are_one_short_line(tmp_path):
     """What the job says when Keras cannot rebuild the model here: the class it cannot
     locate and --import, in one short line (Keras's own text is ~1,500 characters); a

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from spark_keras.jobs.score.errors import JobError
+from spark_keras.private_folder import user_name
 
 __all__ = ["Imported", "import_modules", "registered_objects", "ship_modules", "explain_load_failure"]
 
@@ -103,6 +105,7 @@ def _load(item: Imported) -> None:
         importlib.import_module(item.name)
         return
     file = item.path if item.path.endswith(".py") else os.path.join(item.path, "__init__.py")
+    _written_by_this_user(item)
     if not item.name.isidentifier():
         raise JobError(f"--import {item.spec!r}: {item.name!r} is not a module name Python "
                        f"can import; rename it")
@@ -127,6 +130,30 @@ def _load(item: Imported) -> None:
     except BaseException:
         sys.modules.pop(item.name, None)
         raise
+
+
+def _written_by_this_user(item: Imported) -> None:
+    """Refuse a ``.py`` file or package (its folders and files) that another user owns or
+    that every user may write: the job would run as its own user code another user can
+    change (``/tmp/layers.py`` of theirs), on the driver and on the executors. (Its group
+    writing it is no sign: a umask of 002 gives a user's files to their private group.)"""
+    assert item.path is not None
+    if not hasattr(os, "geteuid"):
+        return  # no unix owners (Windows)
+    me = os.geteuid()
+    found = [item.path]
+    if os.path.isdir(item.path):
+        for where, dirs, files in os.walk(item.path):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            found += [os.path.join(where, name) for name in (*dirs, *files)]
+    for path in found:
+        st = os.stat(path)
+        if st.st_uid not in (me, 0) or st.st_mode & stat.S_IWOTH:
+            said = f"is owned by user {user_name(st.st_uid)}" if st.st_uid not in (me, 0) \
+                else f"is writable by others (mode {st.st_mode & 0o777:04o})"
+            raise JobError(f"--import {item.spec!r}: {path!r} {said}: the job would run code "
+                           f"another user may have written; import a copy of your own "
+                           f"(chmod o-w for one that is yours)")
 
 
 def registered_objects(imported: Iterable[Imported]) -> dict[str, Any]:
