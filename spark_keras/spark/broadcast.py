@@ -361,7 +361,8 @@ class BroadcastModel(ModelHandle):
 
         The handle stays usable: its payload is broadcast afresh under a new
         :attr:`key` (executors fetch it only if it is used again), and a worker that
-        uses it again rebuilds the model once, then serves it from its cache.
+        uses it again rebuilds the model once, then serves it from its cache. The old
+        blocks are destroyed: an action still running, or a DataFrame made before, fails.
 
         Args:
             blocking: wait until the broadcast blocks are removed.
