@@ -108,7 +108,7 @@ def memory_plot(rows: list[dict[str, str]], path: str) -> None:
 
 def render(benchmarks: str | None = None, out: str | None = None) -> list[str]:
     """Draw every plot from the figures of ``benchmarks`` (docs/benchmarks.md) into ``out``
-    (docs/img); a section not in the file is skipped. The paths drawn."""
+    (docs/img); a section not in the file, or without its table, is skipped. The paths drawn."""
     benchmarks = benchmarks or os.path.join(DOCS, "benchmarks.md")
     out = out or os.path.join(os.path.dirname(benchmarks), "img")
     with open(benchmarks, encoding="utf-8") as f:
@@ -118,9 +118,13 @@ def render(benchmarks: str | None = None, out: str | None = None) -> list[str]:
     for name, (heading, _) in PLOTS.items():
         if heading + "\n" not in text:
             continue
+        try:
+            rows = section_table(text, heading)
+        except ValueError:  # the section holds no table (yet): nothing to draw
+            continue
         path = os.path.join(out, name)
         draw = scoring_plot if heading == SCORING else memory_plot
-        draw(section_table(text, heading), path)
+        draw(rows, path)
         drawn.append(path)
     return drawn
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Callable
 
 
+def targets_block(lines: list[str]) -> list[str]:
+    """A docs section's list of targets, each marked met or not."""
+    return ["Targets:", "", *(f"- {line}" for line in lines)]
+
+
 def table(rows: list[dict], floatfmt: str = "{:,.3f}") -> str:
     if not rows:
         return "(no rows)"
