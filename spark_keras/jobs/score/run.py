@@ -56,7 +56,12 @@ def _write_metrics(path: str, summary: dict) -> None:
 def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     """The session and its path operations, paths checked. On Connect the checks run on
     the client first, so a bad path fails before a server is started or reached."""
-    # the answers the files give, then the user's modules, before Spark starts
+    # the packages the job needs, the answers the files give, then the user's modules,
+    # before Spark starts (a missing package first: no path can mend it)
+    if args.remote:
+        require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
+    else:
+        require("pyspark", "the score job")
     before_spark(args, _format(args.input, args.format), _features(args), manifest_options(args))
     import_modules(args.imports)
     user = settings(args.conf, args.properties_file)
@@ -64,7 +69,6 @@ def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
         if args.master:
             raise JobError(f"--master {args.master!r} cannot be combined with Spark Connect "
                            f"(--remote/SPARK_REMOTE {args.remote!r}); the server has its own")
-        require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
         paths: Paths = ArrowPaths()  # the client's own check first: no use checking paths
         check_paths(paths, args)
         return connect_session(args.remote, user, args.verbose), paths
