@@ -120,6 +120,8 @@ def run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
 
     def line(tasks: Any) -> str:
         first = min((g.index for g in list(running.values())), default=None)
+        if first is None:  # a beat between groups: not to be read as a commit's line
+            return progress.line() + "; no group in flight"
         return progress.line(first, tasks)
 
     with ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="spark-keras-group") as pool, \
