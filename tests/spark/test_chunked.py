@@ -90,18 +90,21 @@ def test_chunks_ship_update_and_are_released_on_local_spark(spark, small_chunks)
     try:
         n, first = bm._nbytes, bm._transport
         assert isinstance(first, ChunkedTransport) and len(first.chunks) >= 8
-        assert n * 0.9 < stored(spark) - before < n * 1.5
+        # the chunks' blocks, once (compressed by Spark's broadcast codec: in the whole
+        # suite they read 83% of the payload, alone 90-100%)
+        one = stored(spark) - before
+        assert n * 0.75 < one < n * 1.5
         _, found = scored(spark, bm, x)
         np.testing.assert_allclose(found, np.asarray(mlp(4)(x)), rtol=1e-5, atol=1e-6)
         bm.update(mlp(5))
-        assert 1.9 * n < stored(spark) - before < 2.5 * n
+        assert 1.8 * one < stored(spark) - before < 2.6 * one
         got, found = scored(spark, bm, x, version_col="v")
         assert set(got["v"]) == {"2"}
         np.testing.assert_allclose(found, np.asarray(mlp(5)(x)), rtol=1e-5, atol=1e-6)
         old = first.chunks + bm._shipped[2].chunks
         bm.unpersist(blocking=True)  # broadcast afresh, the old ones destroyed
         assert not any(os.path.exists(c._path) for c in old)
-        assert 1.9 * n < stored(spark) - before < 2.5 * n
+        assert 1.8 * one < stored(spark) - before < 2.6 * one
         _, found = scored(spark, bm, x)
         np.testing.assert_allclose(found, np.asarray(mlp(5)(x)), rtol=1e-5, atol=1e-6)
         fresh = first.chunks + bm._shipped[2].chunks

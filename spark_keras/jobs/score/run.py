@@ -53,15 +53,21 @@ def _write_metrics(path: str, summary: dict) -> None:
         raise JobError(f"cannot write --metrics-json {path!r}: {exc}") from exc
 
 
+def _require_packages(remote: str | None) -> None:
+    """PySpark, and with ``remote`` Spark Connect's client: a one-line refusal naming the
+    extra that installs what is missing."""
+    if remote:
+        require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
+    else:
+        require("pyspark", "the score job")
+
+
 def _open(args: argparse.Namespace) -> tuple[Any, Paths]:
     """The session and its path operations, paths checked. On Connect the checks run on
     the client first, so a bad path fails before a server is started or reached."""
     # the packages the job needs, the answers the files give, then the user's modules,
     # before Spark starts (a missing package first: no path can mend it)
-    if args.remote:
-        require("pyspark.sql.connect.session", "the score job on Spark Connect", "connect")
-    else:
-        require("pyspark", "the score job")
+    _require_packages(args.remote)
     before_spark(args, _format(args.input, args.format), _features(args), manifest_options(args))
     import_modules(args.imports)
     user = settings(args.conf, args.properties_file)
