@@ -9,8 +9,8 @@ a limit), still bounded by ``SPARK_KERAS_CACHE_MAX_BYTES``, so rows in any key o
 each model once per worker, not once per batch. In a batch, the rows are grouped by key (a stable sort of the keys'
 codes, zero-copy slices), each key's rows go to its model in one call, and the results
 are put back in row order; a batch of one key (rows clustered by key) is scored as is.
-Batches in mixed key order are put together first until each key has about a model
-call's rows (:mod:`spark_keras.inference.keyed_batches`).
+Batches in mixed key order are put together first until each key has about two model
+calls' rows (:mod:`spark_keras.inference.keyed_batches`).
 """
 
 from __future__ import annotations
