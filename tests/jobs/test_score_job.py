@@ -130,7 +130,8 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
                   "--output", str(out), "--features", "features", "--on-invalid", "null",
                   "--version-col", "model_version", "--model-version", "2026-12-03",
                   TMPDIR=str(job_tmp),
-                  SPARK_SUBMIT_OPTS=f"-Dspark.eventLog.enabled=true -Dspark.eventLog.compress="
+                  SPARK_SUBMIT_OPTS=f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} "
+                                    f"-Dspark.eventLog.enabled=true -Dspark.eventLog.compress="
                                     f"false -Dspark.eventLog.dir=file://{events}")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     figures = summary(proc)
