@@ -36,11 +36,23 @@ def scheme(path: str) -> str | None:
 
 # --- Hadoop, through the driver's JVM ----------------------------------------------------------
 
+# (the JVM view, its Hadoop Path class): Py4J finds ``jvm.org.apache.hadoop.fs.Path`` by a
+# round trip per dotted name, each failed class lookup ("org", "org.apache", ...) a search
+# of the JVM's class path: 2.2 ms of the 2.7 ms a call took, measured on local[2] (a
+# --resume commit makes a few dozen)
+_path_class: tuple[Any, Any] = (None, None)
+
+
 def hadoop_filesystem(spark: Any, path: str) -> tuple[Any, Any]:
     """``(FileSystem, Path)`` of ``path`` in the JVM's Hadoop configuration (``spark``: a
     classic session or its SparkContext)."""
+    global _path_class
     sc = getattr(spark, "sparkContext", spark)
-    hadoop_path = sc._jvm.org.apache.hadoop.fs.Path(path)
+    jvm, path_class = _path_class
+    if jvm is not sc._jvm:  # another context's JVM (a session stopped and started again)
+        path_class = sc._jvm.org.apache.hadoop.fs.Path
+        _path_class = (sc._jvm, path_class)
+    hadoop_path = path_class(path)
     return hadoop_path.getFileSystem(sc._jsc.hadoopConfiguration()), hadoop_path
 
 
