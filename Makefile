@@ -90,15 +90,19 @@ bench: check-java $(STAMP)
 bench-tf-keras: check-java $(STAMP)
 	TF_USE_LEGACY_KERAS=1 $(PY) -m bench --only payload --write $(BENCH_ARGS)
 
-# spark-keras against Ray Data and Daft on a folder of PNG files (bench/peers_bench.py; not in
-# `make test`). Ray goes into this venv (the `peers` extra); Daft 0.7 needs pyarrow < 26, so it
-# gets a venv of its own, .venv-daft, with TensorFlow and Pillow: the bench runs it there.
+# spark-keras against Ray Data and Daft on a folder of PNG files (bench/peers_bench.py) and on a
+# Parquet file of strings (bench/peers_text.py); not in `make test`. PEERS_SECTIONS picks them
+# (make bench-peers PEERS_SECTIONS=peers_text). Ray goes into this venv (the `peers` extra);
+# Daft 0.7 needs pyarrow < 26, so it gets a venv of its own, .venv-daft, with TensorFlow and
+# Pillow: the bench runs it there.
 DAFT_VENV ?= .venv-daft
 DAFT_STAMP := $(DAFT_VENV)/.installed
+PEERS_SECTIONS ?= peers_bench peers_text
 
 bench-peers: check-java $(STAMP) $(DAFT_STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[peers]'
-	DAFT_PYTHON=$(abspath $(DAFT_VENV))/bin/python $(PY) -m bench.peers_bench $(BENCH_ARGS)
+	for section in $(PEERS_SECTIONS); do \
+		DAFT_PYTHON=$(abspath $(DAFT_VENV))/bin/python $(PY) -m bench.$$section $(BENCH_ARGS) || exit 1; done
 
 $(DAFT_STAMP):
 	@test -x $(DAFT_VENV)/bin/python || $(PYTHON) -m venv $(DAFT_VENV)

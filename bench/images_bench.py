@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,20 +66,27 @@ def sizes(quick: bool) -> Sizes:
 
 # --- the model alone: one process per core --------------------------------------------------
 
-def _alone_worker(conn: Any, model_path: str, pngs: list[bytes], first: int, rows: int,
-                  batch_size: int) -> None:
-    """A process scoring rows ``first`` to ``first + rows`` (image ``id % len(pngs)``) as
-    decoded float32 arrays, once per ``"go"`` received; sends the seconds each run took
-    (``"ready"`` first, after the warm-up call)."""
+def decoded_pngs(pngs: list[bytes], first: int, rows: int) -> np.ndarray:
+    """Rows ``first`` to ``first + rows`` (image ``id % len(pngs)``) decoded into float32
+    arrays: the model alone's input (:class:`Alone`'s default ``prepare``)."""
+    import tensorflow as tf
+
+    decoded = [tf.io.decode_png(p, channels=3).numpy().astype(np.float32) for p in pngs]
+    return np.stack([decoded[i % len(pngs)] for i in range(first, first + rows)])
+
+
+def _alone_worker(conn: Any, model_path: str, data: Any, first: int, rows: int,
+                  batch_size: int, prepare: Callable[[Any, int, int], Any]) -> None:
+    """A process scoring rows ``first`` to ``first + rows`` of ``prepare(data, first, rows)``
+    once per ``"go"`` received; sends the seconds each run took (``"ready"`` first, after
+    the warm-up call)."""
     os.environ.update(TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1")
     import keras
-    import tensorflow as tf
 
     from bench.inputs_bench import compiled
 
     model = keras.saving.load_model(model_path)
-    decoded = [tf.io.decode_png(p, channels=3).numpy().astype(np.float32) for p in pngs]
-    x = np.stack([decoded[i % len(pngs)] for i in range(first, first + rows)])
+    x = prepare(data, first, rows)
     call = compiled(model)
     call(x[:batch_size])
     conn.send("ready")
@@ -91,15 +98,18 @@ def _alone_worker(conn: Any, model_path: str, pngs: list[bytes], first: int, row
 
 
 class Alone:
-    """Two processes holding the model and their half of the rows, run together."""
+    """Two processes holding the model and their half of the rows, run together: the rows
+    are ``prepare(data, first, rows)`` (a module-level function: the processes are spawned;
+    by default the PNG files ``data`` decoded, :func:`decoded_pngs`)."""
 
-    def __init__(self, model_path: str, pngs: list[bytes], rows: int, batch_size: int) -> None:
+    def __init__(self, model_path: str, pngs: Any, rows: int, batch_size: int,
+                 prepare: Callable[[Any, int, int], Any] = decoded_pngs) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conns, self.procs = [], []
         half = rows // 2
         for first, count in ((0, half), (half, rows - half)):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_alone_worker, args=(child, model_path, pngs, first, count, batch_size),
+            proc = ctx.Process(target=_alone_worker, args=(child, model_path, pngs, first, count, batch_size, prepare),
                                daemon=True)
             proc.start()
             self.conns.append(parent)

@@ -1,9 +1,10 @@
 """The loop a peer system's process runs for :mod:`bench.peers_bench` (Ray Data in this
 venv, Daft in its own: this module imports nothing but the standard library and numpy).
 
-The process is started as ``python -m bench.peer_<system> FOLDER MODEL OUT``; it sets one
-TensorFlow thread per process, builds what it needs, then reads commands on stdin, one a
-line: ``warm`` (a run whose predictions go to ``OUT``, an ``.npz`` of ``names`` and
+The process is started as ``python -m bench.peer_<system> SOURCE MODEL OUT`` (SOURCE: a
+folder of PNG files, or a ``.parquet`` file of ``id`` and ``text`` columns, :func:`is_text`:
+:mod:`bench.peers_text`); it sets one TensorFlow thread per process, builds what it needs,
+then reads commands on stdin, one a line: ``warm`` (a run whose predictions go to ``OUT``, an ``.npz`` of ``names`` and
 ``predictions``, for the bench to check), ``go`` (a timed run) or ``stop``. It answers each
 with a JSON line: ``{"seconds": ..., "rows": ...}``, and first ``{"version": ...}``.
 """
@@ -29,9 +30,15 @@ ACTORS = 2  # model instances: one per core
 Run = Callable[[], "tuple[list[str], np.ndarray]"]
 
 
+def is_text(source: str) -> bool:
+    """A text run (a Parquet file of ``id`` and ``text``), not a folder of PNG files."""
+    return source.endswith(".parquet")
+
+
 def compiled(model_path: str) -> Callable[[np.ndarray], np.ndarray]:
-    """The saved model as one compiled ``model(x, training=False)`` returning numpy
-    (TensorFlow's pools at one thread: :data:`THREADS`, set before TensorFlow loads)."""
+    """The saved model as one compiled ``model(x, training=False)`` returning numpy, for
+    images (cast to float32) or strings (a ``tf.string`` input: ``str`` values); TensorFlow's
+    pools at one thread (:data:`THREADS`, set before TensorFlow loads)."""
     import keras
     import tensorflow as tf
 
@@ -39,7 +46,8 @@ def compiled(model_path: str) -> Callable[[np.ndarray], np.ndarray]:
     shape = model.inputs[0].shape
     call = tf.function(lambda x: model(x, training=False), autograph=False,
                        input_signature=[tf.TensorSpec((None, *shape[1:]), model.inputs[0].dtype)])
-    return lambda x: call(np.asarray(x, np.float32)).numpy()
+    dtype = object if model.inputs[0].dtype == "string" else np.float32
+    return lambda x: call(np.asarray(x, dtype)).numpy()
 
 
 def serve(version: str, run: Run, out: str) -> None:

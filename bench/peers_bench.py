@@ -56,16 +56,19 @@ CACHED = "spark-keras: image rows cached before timing + transform"
 RAY = "Ray Data: read_images + map_batches, actor pool of 2"
 DAFT = "Daft: decode_image + @daft.cls batch method, 2 instances"
 PEERS = (RAY, DAFT)
+PEER_MODULES = ("bench.peer_ray", "bench.peer_daft")
 
 
 class Peer:
     """A peer system's process (:mod:`bench.peer_runner`'s protocol)."""
 
-    def __init__(self, python: str, module: str, folder: str, model_path: str, work: str) -> None:
+    def __init__(self, python: str, module: str, source: str, model_path: str, work: str,
+                 batch_size: int = BATCH_SIZE) -> None:
         self.out = os.path.join(work, module.rsplit(".", 1)[1] + ".npz")
         self.log = open(os.path.join(work, module.rsplit(".", 1)[1] + ".log"), "w")
         env = {**os.environ, "PYTHONPATH": ROOT}
-        self.proc = subprocess.Popen([python, "-m", module, folder, model_path, self.out], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([python, "-m", module, source, model_path, self.out, str(batch_size)],
+                                     cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.version = self._answer()["version"]
 
@@ -93,9 +96,9 @@ class Peer:
 
 
 def check(name: str, names: list[str], predictions: np.ndarray, expected: dict[str, np.ndarray]) -> None:
-    """Every file scored once, each prediction the model alone's on that file."""
+    """Every file (row) scored once, each prediction the model alone's on that file."""
     if sorted(names) != sorted(expected):
-        raise AssertionError(f"{name}: scored {len(names)} files, not the folder's {len(expected)}")
+        raise AssertionError(f"{name}: scored {len(names)} rows, not the {len(expected)} given")
     want = np.stack([expected[n] for n in names])
     worst, scale = float(np.abs(np.asarray(predictions) - want).max()), float(np.abs(want).max())
     if not worst <= CHECK_TOLERANCE * scale:
@@ -144,18 +147,60 @@ def spark_modes(spark, model_path: str, folder: str, warm_folder: str) -> tuple[
     return timed, warm, {mode: (lambda mode=mode: collect(mode)) for mode in frames}
 
 
-def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], str]:
-    """One row per mode (see the module's docstring), and a line of versions and load."""
+def start_peers(peers: dict[str, Peer], modules: dict[str, str], source: str, model_path: str, work: str,
+                expected: dict[str, np.ndarray], versions: list[str], batch_size: int = BATCH_SIZE) -> None:
+    """Start each peer's process (``{label: module}``) into ``peers``, its first run's
+    predictions checked, its version added to ``versions``; a peer whose Python is missing
+    is left out, said so."""
+    pythons = {"bench.peer_ray": sys.executable,
+               "bench.peer_daft": os.environ.get("DAFT_PYTHON", os.path.join(ROOT, ".venv-daft", "bin", "python"))}
+    for name, module in modules.items():
+        python = pythons[module]
+        if not os.path.exists(python):
+            print(f"{name}: left out, no Python at {python} (make bench-peers makes it)", file=sys.stderr)
+            continue
+        peers[name] = Peer(python, module, source, model_path, work, batch_size)
+        peers[name].run("warm")
+        check(name, *peers[name].predictions(), expected)
+        versions.append(peers[name].version)
+
+
+def take_turns(runs: dict[str, Callable[[], Any]], warm: dict[str, Callable[[], Any]],
+               rounds: int) -> tuple[dict, dict]:
+    """The modes in turns for ``rounds`` rounds, the order reversed every other round: a
+    mode in ``warm`` (a spark-keras one) runs after its warm-up, timed here with the CPU its
+    Python workers and the JVM used; the others time themselves (return seconds).
+    ``({mode: [seconds]}, {spark-keras mode: [(Python CPU s, JVM CPU s)]})``."""
+    from bench.images_bench import measured, workers
+
+    modes = list(runs)
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu: dict[str, list[tuple[float, float]]] = {mode: [] for mode in warm}
+    for r in range(rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            if mode in warm:
+                warm[mode]()
+                wall, python, jvm = measured(runs[mode], workers)
+                times[mode].append(wall)
+                cpu[mode].append((python, jvm))
+            else:
+                times[mode].append(runs[mode]())
+    return times, cpu
+
+
+def run(quick: bool = False, repeats: int | None = None, files: int | None = None) -> tuple[list[dict], str]:
+    """One row per mode (see the module's docstring), and a line of versions and load;
+    ``files``: :data:`FILES` by default."""
     import keras
     import pyspark
     import tensorflow as tf
 
-    from bench.images_bench import Alone, measured, workers
+    from bench.images_bench import Alone
     from bench.inputs_bench import pngs as make_pngs
     from bench.models import mobilenet_model
     from bench.sessions import local_session
 
-    files = 64 if quick else FILES
+    files = files or (64 if quick else FILES)
     rounds = 1 if quick else (repeats or 3)
     pngs = make_pngs(files, size=SIZE, distinct=files)
     model = mobilenet_model(SIZE)
@@ -165,9 +210,6 @@ def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], st
     del decoded
     versions = [f"PySpark {pyspark.__version__}", f"Keras {keras.__version__}", f"TensorFlow {tf.__version__}"]
     load = [os.getloadavg()[0]]
-    pythons = {RAY: (sys.executable, "bench.peer_ray"),
-               DAFT: (os.environ.get("DAFT_PYTHON", os.path.join(ROOT, ".venv-daft", "bin", "python")),
-                      "bench.peer_daft")}
     work = tempfile.mkdtemp(prefix="peers-bench-")
     peers: dict[str, Peer] = {}
     alone = spark = None
@@ -181,33 +223,13 @@ def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], st
                     f.write(png)
         model_path = os.path.join(work, "model.keras")
         model.save(model_path)
-        for name, (python, module) in pythons.items():
-            if not os.path.exists(python):
-                print(f"{name}: left out, no Python at {python} (make bench-peers makes it)", file=sys.stderr)
-                continue
-            peers[name] = Peer(python, module, folder, model_path, work)
-            peers[name].run("warm")
-            check(name, *peers[name].predictions(), expected)
-            versions.append(peers[name].version)
+        start_peers(peers, dict(zip(PEERS, PEER_MODULES)), folder, model_path, work, expected, versions)
         spark = local_session("peers-bench", driver_memory="4g")
         timed, warm, collect = spark_modes(spark, model_path, folder, warm_folder)
         for mode, got in collect.items():
             check(mode, *got(), expected)
         alone = Alone(model_path, pngs, files, BATCH_SIZE)
-        runs: dict[str, Callable[[], float]] = {ALONE: alone.run, **timed, **{n: p.run for n, p in peers.items()}}
-        modes = list(runs)
-        times: dict[str, list[float]] = {mode: [] for mode in modes}
-        cpu: dict[str, list[tuple[float, float]]] = {mode: [] for mode in timed}
-        for r in range(rounds):
-            for mode in modes if r % 2 == 0 else modes[::-1]:
-                if mode in warm:
-                    warm[mode]()
-                if mode in timed:  # the Python workers' and the JVM's CPU seconds too
-                    wall, python, jvm = measured(runs[mode], workers)
-                    times[mode].append(wall)
-                    cpu[mode].append((python, jvm))
-                else:
-                    times[mode].append(runs[mode]())
+        times, cpu = take_turns({ALONE: alone.run, **timed, **{n: p.run for n, p in peers.items()}}, warm, rounds)
         load.append(os.getloadavg()[0])
     finally:
         for peer in peers.values():
@@ -221,37 +243,45 @@ def run(quick: bool = False, repeats: int | None = None) -> tuple[list[dict], st
 
 
 def rows(times: dict[str, list[float]], cpu: dict[str, list[tuple[float, float]]], files: int,
-         versions: list[str], load: list[float]) -> tuple[list[dict], str]:
-    """The table: per mode, median rows/s and per-round ratios to the model alone and to
-    the round's fastest peer."""
-    rounds = range(len(times[ALONE]))
-    best_peer = [min((times[p][r] for p in PEERS if p in times), default=None) for r in rounds]
+         versions: list[str], load: list[float], alone: str = ALONE, peers: tuple[str, ...] = PEERS,
+         unit: str = "files", cpu_unit: tuple[str, float] = ("ms", 1e3)) -> tuple[list[dict], str]:
+    """The table: per mode, median rows/s and per-round ratios to the model alone (mode
+    ``alone``) and to the round's fastest of ``peers``; ``files`` rows, counted in ``unit``;
+    CPU per row in ``cpu_unit`` (its name, and its number in a second)."""
+    rounds = range(len(times[alone]))
+    best_peer = [min((times[p][r] for p in peers if p in times), default=None) for r in rounds]
     out = []
     for mode, walls in times.items():
-        row = {"mode": mode, "files": files, "rows/s": files / statistics.median(walls),
-               "x model alone": statistics.median(times[ALONE][r] / walls[r] for r in rounds)}
+        row = {"mode": mode, unit: files, "rows/s": files / statistics.median(walls),
+               "x model alone": statistics.median(times[alone][r] / walls[r] for r in rounds)}
         if best_peer[0] is not None:
             row["x fastest peer"] = statistics.median(best_peer[r] / walls[r] for r in rounds)
         used = cpu.get(mode)  # the spark-keras modes only (None: a blank cell)
-        row["CPU ms/row, Python workers"] = 1000 * statistics.median(p for p, _ in used) / files if used else None
-        row["CPU ms/row, JVM"] = 1000 * statistics.median(j for _, j in used) / files if used else None
+        name, scale = cpu_unit
+        row[f"CPU {name}/row, Python workers"] = scale * statistics.median(p for p, _ in used) / files if used else None
+        row[f"CPU {name}/row, JVM"] = scale * statistics.median(j for _, j in used) / files if used else None
         out.append(row)
     return out, (f"{', '.join(versions)}; load average (1 min) before, after: {load[0]:.1f}, "
                  f"{load[-1]:.1f}; median of {len(rounds)} rounds")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, section: Callable[..., tuple[list[dict], str]] | None = None,
+         prog: str = "python -m bench.peers_bench", doc: str = __doc__,
+         title: Callable[[list[dict]], str] | None = None) -> int:
+    """Run ``section`` (this module's :func:`run` by default) with ``--quick`` and
+    ``--repeats`` from ``argv``; print its table under ``title(rows)`` and its note."""
     import argparse
 
     from bench.report import table
 
-    parser = argparse.ArgumentParser(prog="python -m bench.peers_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="64 files, one round (a smoke test)")
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few rows, one round (a smoke test)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
+    parser.add_argument("--rows", type=int, help="files (rows) to score, in place of the section's default")
     args = parser.parse_args(argv)
-    found, note = run(args.quick, args.repeats)
-    print(f"\nA folder of {found[0]['files']} PNG files (224 x 224), MobileNetV2, calls of {BATCH_SIZE}, "
-          f"{os.cpu_count()} cores\n")
+    found, note = (section or run)(args.quick, args.repeats, args.rows)
+    print("\n" + (title(found) if title else f"A folder of {found[0]['files']} PNG files (224 x 224), "
+                   f"MobileNetV2, calls of {BATCH_SIZE}, {os.cpu_count()} cores") + "\n")
     print(table(found, floatfmt="{:,.2f}"))
     print(f"\n{note}")
     return 0
