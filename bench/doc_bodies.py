@@ -274,7 +274,7 @@ def _keyed(results: dict) -> list[str]:
         "`BroadcastModel`), one count at a time (another's models would turn the workers' "
         "caches over), the two modes interleaved after a warm-up of each, 4 rounds; a "
         "task puts consecutive "
-        "batches of mixed keys together until each key has about a model call's rows. "
+        "batches of mixed keys together until each key has about two model calls' rows. "
         "Targets: clustered at 0.8x the twelve transforms or better; random order at 0.8x "
         "clustered with 12 models; on the curve 0.8x clustered up to 20 models, 0.5x with 50 "
         "(medians of the rounds' ratios).", "",

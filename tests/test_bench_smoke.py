@@ -161,6 +161,16 @@ def test_bench_keyed_quick_times_every_mode_and_counts_one_file_per_model():
     assert "KeyedModels, 20 models, random key order >= 0.8x clustered" in out
 
 
+def test_call_cost_times_the_engine_s_call_and_the_tf_function_s():
+    """bench.call_cost (no Spark, seconds): both ways of calling, per size, one trace."""
+    from bench import call_cost
+
+    rows = call_cost.run((8, 40))
+    assert [(r["rows"], r["call"]) for r in rows] == [
+        (n, way) for n in (8, 40) for way in ("engine (concrete function)", "through the tf.function")]
+    assert all(0 < r["thread CPU us"] <= r["process CPU us"] * 1.01 for r in rows)
+
+
 @pytest.mark.bench  # minutes: the benchmark sections end to end (make test-bench)
 def test_bench_commits_quick_times_the_job_plain_with_commits_and_with_progress():
     """The five runs of the score job side by side; the bench checked each run's rows,
