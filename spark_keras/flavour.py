@@ -92,8 +92,9 @@ class TracedCall:
     Once traced (by the first call), a call goes straight to the traced concrete function,
     its inputs converted as the signature converts them: past ``tf.function``'s dispatch
     (arguments bound to the signature, trace cache looked up), which was about half of a
-    small call's fixed cost (64 rows of a 64-256-256-1 MLP: 0.64 ms of the calling thread's
-    CPU through the ``tf.function``, 0.28 ms so). The graph run is the same one: the
+    small call's fixed cost (64 rows of a 64-256-256-1 MLP: 0.38 ms of the calling thread's
+    CPU through the ``tf.function``, 0.14 ms so; ``python -m bench.call_cost``). The graph
+    run is the same one: the
     outputs are the same bits. Inputs of another rank or shape than the signature's, and
     calls while ``tf.config.run_functions_eagerly`` is on, still go through the
     ``tf.function`` (its error, its eager run)."""
