@@ -94,10 +94,9 @@ class TracedCall:
     (arguments bound to the signature, trace cache looked up), which was about half of a
     small call's fixed cost (64 rows of a 64-256-256-1 MLP: 0.38 ms of the calling thread's
     CPU through the ``tf.function``, 0.14 ms so; ``python -m bench.call_cost``). The graph
-    run is the same one: the
-    outputs are the same bits. Inputs of another rank or shape than the signature's, and
-    calls while ``tf.config.run_functions_eagerly`` is on, still go through the
-    ``tf.function`` (its error, its eager run)."""
+    run is the same one: the outputs are the same bits. Inputs of another rank or shape
+    than the signature's, and calls while ``tf.config.run_functions_eagerly`` is on, still
+    go through the ``tf.function`` (its error, its eager run)."""
 
     def __init__(self, fn: Callable[..., list[Any]], input_specs: Sequence[Any]) -> None:
         import tensorflow as tf
