@@ -29,6 +29,7 @@ versions and the load average beside them. A peer whose Python is missing is lef
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,7 +37,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -95,6 +97,41 @@ class Peer:
         self.log.close()
 
 
+@dataclass
+class Stage:
+    """What a section's run holds: its work folder, the versions and the load average to
+    print, and the peers, the model alone and the Spark session it starts (all closed, the
+    folder removed, on leaving :meth:`made`)."""
+
+    work: str
+    versions: list[str]
+    load: list[float]
+    peers: dict[str, Peer] = field(default_factory=dict)
+    alone: Any = None
+    spark: Any = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def made(cls, prefix: str) -> Iterator[Stage]:
+        import keras
+        import pyspark
+        import tensorflow as tf
+
+        stage = cls(tempfile.mkdtemp(prefix=prefix), [f"PySpark {pyspark.__version__}", f"Keras {keras.__version__}",
+                                                      f"TensorFlow {tf.__version__}"], [os.getloadavg()[0]])
+        try:
+            yield stage
+            stage.load.append(os.getloadavg()[0])
+        finally:
+            for peer in stage.peers.values():
+                peer.close()
+            if stage.alone is not None:
+                stage.alone.close()
+            if stage.spark is not None:
+                stage.spark.stop()
+            shutil.rmtree(stage.work, ignore_errors=True)
+
+
 def check(name: str, names: list[str], predictions: np.ndarray, expected: dict[str, np.ndarray]) -> None:
     """Every file (row) scored once, each prediction the model alone's on that file."""
     if sorted(names) != sorted(expected):
@@ -147,11 +184,11 @@ def spark_modes(spark, model_path: str, folder: str, warm_folder: str) -> tuple[
     return timed, warm, {mode: (lambda mode=mode: collect(mode)) for mode in frames}
 
 
-def start_peers(peers: dict[str, Peer], modules: dict[str, str], source: str, model_path: str, work: str,
-                expected: dict[str, np.ndarray], versions: list[str], batch_size: int = BATCH_SIZE) -> None:
-    """Start each peer's process (``{label: module}``) into ``peers``, its first run's
-    predictions checked, its version added to ``versions``; a peer whose Python is missing
-    is left out, said so."""
+def start_peers(stage: Stage, modules: dict[str, str], source: str, model_path: str,
+                expected: dict[str, np.ndarray], batch_size: int = BATCH_SIZE) -> None:
+    """Start each peer's process (``{label: module}``) into ``stage.peers``, its first
+    run's predictions checked, its version added to the stage's; a peer whose Python is
+    missing is left out, said so."""
     pythons = {"bench.peer_ray": sys.executable,
                "bench.peer_daft": os.environ.get("DAFT_PYTHON", os.path.join(ROOT, ".venv-daft", "bin", "python"))}
     for name, module in modules.items():
@@ -159,10 +196,10 @@ def start_peers(peers: dict[str, Peer], modules: dict[str, str], source: str, mo
         if not os.path.exists(python):
             print(f"{name}: left out, no Python at {python} (make bench-peers makes it)", file=sys.stderr)
             continue
-        peers[name] = Peer(python, module, source, model_path, work, batch_size)
-        peers[name].run("warm")
-        check(name, *peers[name].predictions(), expected)
-        versions.append(peers[name].version)
+        peer = stage.peers[name] = Peer(python, module, source, model_path, stage.work, batch_size)
+        peer.run("warm")
+        check(name, *peer.predictions(), expected)
+        stage.versions.append(peer.version)
 
 
 def take_turns(runs: dict[str, Callable[[], Any]], warm: dict[str, Callable[[], Any]],
@@ -191,8 +228,6 @@ def take_turns(runs: dict[str, Callable[[], Any]], warm: dict[str, Callable[[], 
 def run(quick: bool = False, repeats: int | None = None, files: int | None = None) -> tuple[list[dict], str]:
     """One row per mode (see the module's docstring), and a line of versions and load;
     ``files``: :data:`FILES` by default."""
-    import keras
-    import pyspark
     import tensorflow as tf
 
     from bench.images_bench import Alone
@@ -208,38 +243,25 @@ def run(quick: bool = False, repeats: int | None = None, files: int | None = Non
     expected = dict(zip((f"{k:04d}.png" for k in range(files)),
                         model.predict(decoded, batch_size=BATCH_SIZE, verbose=0)))
     del decoded
-    versions = [f"PySpark {pyspark.__version__}", f"Keras {keras.__version__}", f"TensorFlow {tf.__version__}"]
-    load = [os.getloadavg()[0]]
-    work = tempfile.mkdtemp(prefix="peers-bench-")
-    peers: dict[str, Peer] = {}
-    alone = spark = None
-    try:
-        folder, warm_folder = os.path.join(work, "pngs"), os.path.join(work, "warm")
+    with Stage.made("peers-bench-") as stage:
+        folder, warm_folder = os.path.join(stage.work, "pngs"), os.path.join(stage.work, "warm")
         for path in (folder, warm_folder):
             os.makedirs(path)
         for k, png in enumerate(pngs):
             for path in (folder, warm_folder) if k < WARM_FILES else (folder,):
                 with open(os.path.join(path, f"{k:04d}.png"), "wb") as f:
                     f.write(png)
-        model_path = os.path.join(work, "model.keras")
+        model_path = os.path.join(stage.work, "model.keras")
         model.save(model_path)
-        start_peers(peers, dict(zip(PEERS, PEER_MODULES)), folder, model_path, work, expected, versions)
-        spark = local_session("peers-bench", driver_memory="4g")
-        timed, warm, collect = spark_modes(spark, model_path, folder, warm_folder)
+        start_peers(stage, dict(zip(PEERS, PEER_MODULES)), folder, model_path, expected)
+        stage.spark = local_session("peers-bench", driver_memory="4g")
+        timed, warm, collect = spark_modes(stage.spark, model_path, folder, warm_folder)
         for mode, got in collect.items():
             check(mode, *got(), expected)
-        alone = Alone(model_path, pngs, files, BATCH_SIZE)
-        times, cpu = take_turns({ALONE: alone.run, **timed, **{n: p.run for n, p in peers.items()}}, warm, rounds)
-        load.append(os.getloadavg()[0])
-    finally:
-        for peer in peers.values():
-            peer.close()
-        if alone is not None:
-            alone.close()
-        if spark is not None:
-            spark.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    return rows(times, cpu, files, versions, load)
+        stage.alone = Alone(model_path, pngs, files, BATCH_SIZE)
+        times, cpu = take_turns({ALONE: stage.alone.run, **timed, **{n: p.run for n, p in stage.peers.items()}},
+                                warm, rounds)
+    return rows(times, cpu, files, stage.versions, stage.load)
 
 
 def rows(times: dict[str, list[float]], cpu: dict[str, list[tuple[float, float]]], files: int,

@@ -25,14 +25,12 @@ medians and ratios: as :mod:`bench.peers_bench`. Each spark-keras run follows a 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from typing import Any, Callable
 
 import numpy as np
 
-from bench.peers_bench import Peer, check, main, rows, start_peers, take_turns
+from bench.peers_bench import Stage, check, main, rows, start_peers, take_turns
 
 ROWS = 200_000
 ROW_GROUP = 25_000
@@ -85,10 +83,6 @@ def spark_mode(spark, model_path: str, source: str, warm_source: str) -> tuple[d
 def run(quick: bool = False, repeats: int | None = None, n: int | None = None) -> tuple[list[dict], str]:
     """One row per mode (see the module's docstring), and a line of versions and load;
     ``n`` rows (:data:`ROWS` by default)."""
-    import keras
-    import pyspark
-    import tensorflow as tf
-
     from bench.images_bench import Alone
     from bench.inputs_bench import batched, compiled, sentences
     from bench.models import text_model
@@ -99,37 +93,23 @@ def run(quick: bool = False, repeats: int | None = None, n: int | None = None) -
     strings = sentences(n)
     model = text_model()
     expected = dict(zip(map(str, range(n)), batched(compiled(model), strings_at(strings, 0, n), BATCH_SIZE)))
-    versions = [f"PySpark {pyspark.__version__}", f"Keras {keras.__version__}", f"TensorFlow {tf.__version__}"]
-    load = [os.getloadavg()[0]]
-    work = tempfile.mkdtemp(prefix="peers-text-")
-    peers: dict[str, Peer] = {}
-    alone = spark = None
-    try:
-        source, warm_source = os.path.join(work, "text.parquet"), os.path.join(work, "warm")
+    with Stage.made("peers-text-") as stage:
+        source, warm_source = os.path.join(stage.work, "text.parquet"), os.path.join(stage.work, "warm")
         write_parquet(source, strings)
         os.makedirs(warm_source)  # two files: two tasks, so that both Python workers warm up
         half = WARM_ROWS // 2
         for k in range(2):
             write_parquet(os.path.join(warm_source, f"{k}.parquet"), strings[k * half:(k + 1) * half])
-        model_path = os.path.join(work, "model.keras")
+        model_path = os.path.join(stage.work, "model.keras")
         model.save(model_path)
-        start_peers(peers, {RAY: "bench.peer_ray", DAFT: "bench.peer_daft"}, source, model_path, work,
-                    expected, versions, BATCH_SIZE)
-        spark = local_session("peers-text", driver_memory="4g")
-        timed, warm, collect = spark_mode(spark, model_path, source, warm_source)
+        start_peers(stage, {RAY: "bench.peer_ray", DAFT: "bench.peer_daft"}, source, model_path, expected, BATCH_SIZE)
+        stage.spark = local_session("peers-text", driver_memory="4g")
+        timed, warm, collect = spark_mode(stage.spark, model_path, source, warm_source)
         check(SPARK, *collect(), expected)
-        alone = Alone(model_path, strings, n, BATCH_SIZE, prepare=strings_at)
-        times, cpu = take_turns({ALONE: alone.run, **timed, **{m: p.run for m, p in peers.items()}}, warm, rounds)
-        load.append(os.getloadavg()[0])
-    finally:
-        for peer in peers.values():
-            peer.close()
-        if alone is not None:
-            alone.close()
-        if spark is not None:
-            spark.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    return rows(times, cpu, n, versions, load, alone=ALONE, peers=PEERS, unit="rows", cpu_unit=("µs", 1e6))
+        stage.alone = Alone(model_path, strings, n, BATCH_SIZE, prepare=strings_at)
+        times, cpu = take_turns({ALONE: stage.alone.run, **timed, **{m: p.run for m, p in stage.peers.items()}},
+                                warm, rounds)
+    return rows(times, cpu, n, stage.versions, stage.load, alone=ALONE, peers=PEERS, unit="rows", cpu_unit=("µs", 1e6))
 
 
 if __name__ == "__main__":
