@@ -56,7 +56,6 @@ def release_cached(spark) -> None:
     while the memory store is full evict them, and the storage figures would count the
     chunks less what they pushed out (in the whole suite: 83% of a payload)."""
     import gc
-
     import time
 
     gc.collect()  # handles of earlier modules no longer referenced release their blocks
