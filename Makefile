@@ -41,7 +41,7 @@ test: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 test-slow: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 # The heaviest end-to-end cases (two to four minutes each here: local-cluster with payloads
 # past every heap, SIGKILLed jobs resumed, fresh drivers): not in CI, whose time they would

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # CI entry point: a clean clone, a fresh machine. `make venv` installs the pinned packages
-# once, `make lint` checks the code (ruff, mypy), `make docs` builds the site; then two
-# streams: `make test` (the README's test command: the fast path) and then `make test-slow`
-# (the minutes-long end-to-end cases, @pytest.mark.slow), each on two pytest workers that
-# take a module at a time, and beside them `make test-compat` (the PySpark 3.5 leg in its
-# own venv, the tf-keras leg in the main one); each into its own log, printed at the end;
-# any failure fails the run. Local Spark Connect servers all listen on port 15002, so
-# the suites take turns with them (tests/conftest.py: local_connect_server).
+# once, `make lint` checks the code (ruff, mypy), `make docs` builds the site; then
+# `make test` (the README's test command: the fast path, on two pytest workers),
+# `make test-slow` (the minutes-long end-to-end cases, @pytest.mark.slow, one process: its
+# modules' own sessions in a fixed order) and `make test-compat` (the PySpark 3.5 leg in
+# its own venv, the tf-keras leg in the main one) run side by side, each into its own log,
+# printed as it ends; any failure fails the run. Local Spark Connect servers all listen on
+# port 15002, so the suites take turns with them (tests/conftest.py: local_connect_server).
 # Times (this 2-core machine): CI took 53 min (2026-12-02), 47.7 (12-04), 81 and failed
 # (12-04 evening), 37 (12-05), 45.6 (12-07, stop 58); a clean clone here side by side that
 # morning: make test 22m51, test-slow 43m33, compat 7m41 + 5m05. make test alone, quiet:
@@ -19,6 +19,12 @@
 # what two did). Before: 43m33 for the slow set side by side. After: CI's own figure (the
 # closing note of the stop that lands it). A clean clone's make test that afternoon at
 # load 2-5: 14m32 (870 cases, 17 skipped; its slowest case 16 s).
+# CI of that stop: 46 min, 4 failures (fixed in 51d9ff9). 2026-12-07 evening: the tests'
+# JVMs compile with C1 alone (tests/conftest.py: a session's driver JVM 29-36 s of CPU ->
+# 17-19 s), and make test runs on two pytest workers: a clean clone's make test 14m43
+# beside the slow set on two workers (load 2-4; 864 cases, 18 skipped). The slow set on
+# two workers was tried and left at one: a pytest worker's first module set the JVM's
+# system properties (fixed in conftest), and its end had one worker busy.
 # .ci/run only execs this file (a tool that draws the package reads an extensionless
 # .ci/run as the module run.py of the score job).
 set -euo pipefail
@@ -32,28 +38,18 @@ echo "make lint: $(minutes)"
 make docs  # the site, mkdocs build --strict (seconds): a broken link or reference fails the run
 echo "make docs: $(minutes)"
 logs=$(mktemp -d)
-# Two streams: the fast and the slow set one after the other, each on two pytest workers
-# that take a module at a time (no long pole: the slowest module ends with the set), and
-# the compatibility legs beside them.
-( for name in test test-slow; do
-      status=0
-      make "$name" > "$logs/$name.log" 2>&1 || status=$?
-      echo "$status" > "$logs/$name.status"
-      echo "make $name: exit $status at $(minutes)" > "$logs/$name.time"
-  done ) &
-sets=$!
+make test > "$logs/test.log" 2>&1 &
+fast=$!
+make test-slow > "$logs/test-slow.log" 2>&1 &
+slow=$!
 make test-compat > "$logs/test-compat.log" 2>&1 &
 compat=$!
 failed=0
-status=0
-wait "$compat" || status=$?
-echo "=== make test-compat (exit $status, done at $(minutes)) ==="
-cat "$logs/test-compat.log"
-test "$status" -eq 0 || failed=1
-wait "$sets" || true
-for name in test test-slow; do
-    status=$(cat "$logs/$name.status" 2>/dev/null || echo 1)
-    echo "=== $(cat "$logs/$name.time" 2>/dev/null || echo "make $name: no status") ==="
+for job in test:$fast test-slow:$slow test-compat:$compat; do
+    name=${job%%:*}
+    status=0
+    wait "${job##*:}" || status=$?
+    echo "=== make $name (exit $status, done at $(minutes)) ==="
     cat "$logs/$name.log"
     test "$status" -eq 0 || failed=1
 done

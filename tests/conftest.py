@@ -97,7 +97,14 @@ def make_spark(master: str, build_log: str, **conf: str):
 
 
 def _new_spark(master: str, build_log: str, **conf: str):
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    # The JVM is started once per process, with the first session's settings as its
+    # system properties, which every later SparkConf of the process loads: started by a
+    # module's session of fake GPUs (a pytest worker's first module), every later local[2]
+    # session asked each task for a GPU and hung. Started here with none.
+    SparkContext._ensure_initialized()
 
     builder = (SparkSession.builder.master(master).appName("spark-keras-tests")
                .config("spark.ui.enabled", "false")
