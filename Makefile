@@ -31,7 +31,7 @@ check-java:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "error: Java 17+ is required by PySpark 4, found '$$v' (java -version)" >&2; exit 1; fi
 
-# The fast path (about 14 min here: the test modules share one Spark session);
+# The fast path (8m44 on a clean clone here, quiet: two pytest workers, each sharing one Spark session across its modules);
 # `make test-slow` runs the cases marked slow (about 30 min), `make test-heavy` those marked heavy too (not in CI), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
 # Two pytest workers (pytest-xdist), a module at a time each, each with its own shared
 # session: one driver leaves a core idle while it waits on its JVM and workers.

@@ -22,7 +22,8 @@
 # CI of that stop: 46 min, 4 failures (fixed in 51d9ff9). 2026-12-07 evening: the tests'
 # JVMs compile with C1 alone (tests/conftest.py: a session's driver JVM 29-36 s of CPU ->
 # 17-19 s), and make test runs on two pytest workers: a clean clone's make test 14m43
-# beside the slow set on two workers (load 2-4; 864 cases, 18 skipped). The slow set on
+# beside the slow set on two workers (load 2-4; 864 cases, 18 skipped), 8m44 quiet
+# (was 14m32). The slow set on
 # two workers was tried and left at one: a pytest worker's first module set the JVM's
 # system properties (fixed in conftest), and its end had one worker busy.
 # .ci/run only execs this file (a tool that draws the package reads an extensionless
