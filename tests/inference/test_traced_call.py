@@ -1,8 +1,7 @@
 """The engine's compiled call (``flavour.TracedCall``) goes straight to the traced concrete
 function once traced: the same bits as through the ``tf.function``, for every kind of
 model; one trace for every batch size; past the ``tf.function``'s dispatch; inputs off
-the signature, and
-``run_functions_eagerly``, still go through the ``tf.function``."""
+the signature, and ``run_functions_eagerly``, still go through the ``tf.function``."""
 
 from __future__ import annotations
 
