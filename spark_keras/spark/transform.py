@@ -46,11 +46,14 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
               profile: Any = None, error_col: str | None = None, observe: Any = None,
               max_invalid: float | None = None, id_col: str | None = None,
               version_col: str | None = None, key_col: str | None = None,
-              scorer: Any = None, buckets: Any = None, max_invalid_scope: str = "action") -> Any:
+              scorer: Any = None, buckets: Any = None, max_invalid_scope: str = "action",
+              observe_by: tuple[str, Sequence[Any]] | None = None) -> Any:
     """``df`` plus ``output_col`` (and ``error_col``: why each invalid row is, null for
     scored rows; it needs ``on_invalid="null"``; and ``version_col``: the label of the
     model version that scored each row), observed as ``observe`` (an
-    ``Observation`` or a name) with :data:`METRICS` if given; scoring fails once the
+    ``Observation`` or a name) with :data:`METRICS` if given (with ``observe_by``, a column
+    and its values: each metric per value ``v``, named ``"<metric>@<v>"``, over the rows
+    holding it: the score job's groups written by one Spark job); scoring fails once the
     invalid rows of the action's tasks (of each task, under ``max_invalid_scope="task"``)
     pass ``max_invalid`` (:mod:`spark_keras.inference.limits`). Errors and reasons name a
     row by its ``id_col`` value if given.
@@ -114,30 +117,47 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
                                       buckets=buckets)
     udf = None if profile is not None else arrow_udf_of(score_batches, len(sent), fields)
     if udf is not None:
-        return _with_udf_columns(df, udf, sent, fields, observe)
+        return _with_udf_columns(df, udf, sent, fields, observe, observe_by)
     scored = _with_mapinarrow_columns(df, score_batches, sent, fields, profile)
     if observe is None:
         return scored
-    return scored.observe(observe, *_metrics(_column, output_col)).drop(*_HIDDEN)
+    return scored.observe(observe, *_metrics(_column, output_col, observe_by)).drop(*_HIDDEN)
 
 
-def _metrics(column: Any, output_col: str) -> list:
+def _metrics(column: Any, output_col: str, by: tuple[str, Sequence[Any]] | None = None) -> list:
     """The :data:`METRICS` aggregates over the prediction and the three hidden figures
     columns, each found by ``column(name)``: the batches' counts by class of reason
     (``[{reason, rows}, ...]``, on the first row of the batches that have invalid rows)
-    summed into one map."""
+    summed into one map. With ``by`` (a column, its values): the metrics of each value's
+    rows, named ``"<metric>@<value>"``."""
     from pyspark.sql import functions as F
+
+    if by is not None:
+        return [metric.alias(f"{name}@{value}") for value in by[1]
+                for name, metric in zip(METRICS, _aggregates(column, output_col,
+                                                             _column(by[0]) == F.lit(value)))]
+    return [value.alias(name) for name, value in zip(METRICS, _aggregates(column, output_col))]
+
+
+def _aggregates(column: Any, output_col: str, where: Any = None) -> tuple:
+    """:func:`_metrics`' aggregates, unnamed, over the rows ``where`` holds (all if None)."""
+    from pyspark.sql import functions as F
+
+    def only(value: Any) -> Any:
+        return value if where is None else F.when(where, value)
 
     def add(acc: Any, entry: Any) -> Any:
         return F.map_zip_with(acc, F.create_map(entry["reason"], entry["rows"]),
                               lambda _, a, b: F.coalesce(a, F.lit(0)) + F.coalesce(b, F.lit(0)))
 
-    by_reason = F.aggregate(F.flatten(F.collect_list(column(_REASONS))),
+    by_reason = F.aggregate(F.flatten(F.collect_list(only(column(_REASONS)))),
                             F.create_map().cast("map<string,bigint>"), add)
-    values = (F.count(F.lit(1)), F.count(F.when(column(output_col).isNull(), 1)),
-              F.coalesce(F.sum(column(_BUILDS)), F.lit(0)),
-              F.coalesce(F.sum(column(_BUILD_SECONDS)), F.lit(0.0)), build_figures.reasons_metric(by_reason))
-    return [value.alias(name) for name, value in zip(METRICS, values)]
+    invalid = column(output_col).isNull()
+    return (F.count(only(F.lit(1))),
+            F.count(F.when(invalid if where is None else where & invalid, 1)),
+            F.coalesce(F.sum(only(column(_BUILDS))), F.lit(0)),
+            F.coalesce(F.sum(only(column(_BUILD_SECONDS))), F.lit(0.0)),
+            build_figures.reasons_metric(by_reason))
 
 
 def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fields: list,
@@ -172,7 +192,8 @@ def _with_mapinarrow_columns(df: Any, score_batches: Any, names: list[str], fiel
 _RESULTS = "__spark_keras_results"
 
 
-def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list, observe: Any) -> Any:
+def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list, observe: Any,
+                      observe_by: tuple[str, Sequence[Any]] | None = None) -> Any:
     """``df`` plus ``fields``, computed by ``udf`` over the ``names`` columns only, the
     hidden build columns observed as ``observe`` (if given) and dropped.
 
@@ -186,7 +207,8 @@ def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list, observe
         return df.withColumn(fields[0].name, udf(*inputs))
     results = df.withColumn(_RESULTS, udf(*inputs))
     if observe is not None:
-        results = results.observe(observe, *_metrics(_column(_RESULTS).getField, fields[0].name))
+        results = results.observe(observe, *_metrics(_column(_RESULTS).getField,
+                                                     fields[0].name, observe_by))
     return results.withColumns({f.name: _column(_RESULTS)[f.name]
                                 for f in fields if f.name not in _HIDDEN}).drop(_RESULTS)
 

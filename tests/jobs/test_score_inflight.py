@@ -131,14 +131,20 @@ def test_a_driver_whose_beats_stalled_publishes_nothing_more(tmp_path, monkeypat
 
 # --- the job's Python entry point, in the shared session ----------------------------------------
 
-def test_groups_in_flight_are_committed_each_as_written(spark, data, tmp_path):
-    """Default settings on local[2]: a group per file, several in flight, each committed
-    once: the output equals a run in one commit, bit for bit, each row once."""
+def test_waves_of_groups_are_fewer_spark_jobs_each_group_committed_as_written(
+        spark, data, tmp_path):
+    """Default settings on local[2]: a group per file, scored in waves of several groups
+    (fewer Spark jobs than groups, two waves in flight), each group committed once: the
+    output equals a run in one commit, bit for bit, each row once."""
     one = tmp_path / "one"
     score(spark, HadoopPaths(spark), parse_args(job_argv(data, one, "--commit-bytes", "1G")))
     out = tmp_path / "out"
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())  # the jobs of no job group: the score job's
     summary = score(spark, HadoopPaths(spark), parse_args(job_argv(data, out)))
+    jobs = set(tracker.getJobIdsForGroup()) - before
     assert (summary["groups"], summary["rows"]) == (FILES, FILES * ROWS), summary
+    assert 1 <= len(jobs) <= FILES // 2, jobs  # 2 + 2 + 4 groups: three waves
     found = records(out)
     assert sorted(found) == list(range(FILES)) and all(r["rows"] == ROWS for r in found.values())
     # in flight together: the groups' times (each from its start to its write's end) overlap
@@ -286,31 +292,37 @@ def killed_run(moment: str, argv: list[str], log, ready=None) -> None:
             pass
 
 
-@pytest.mark.slow  # two drivers killed, each its own Spark: about a minute
+@pytest.mark.slow  # three drivers killed, each its own Spark: about two minutes
 @pytest.mark.timeout(900)
-def test_killed_with_groups_in_flight_and_inside_a_commit_resumes_to_the_same_output(
+def test_killed_during_a_waves_job_with_waves_in_flight_and_inside_a_commit_resumes(
         spark, data, tmp_path):
-    """Default settings. A driver SIGKILLed while groups are in flight (one committed,
-    others written by Spark), the rerun SIGKILLed inside a commit (a file renamed, the next
-    not), a last rerun: the output equals an uninterrupted run's, bit for bit, each row
-    once, and each rerun scored only what was not committed."""
+    """Default settings (waves of groups, two in flight). A driver SIGKILLed while its first
+    wave's Spark job writes (nothing committed), the rerun SIGKILLed with waves in flight
+    (a group committed, a wave's files written or being written), the next inside a commit
+    (its file renamed, its record not written), a last rerun: the output equals an uninterrupted run's,
+    bit for bit, each row once, and the last rerun scored only what was not committed."""
     out = tmp_path / "out"
     argv = job_argv(data, out)
 
-    def in_flight_now() -> bool:
-        staged = [p for p in out.glob("_staging-g*") if any(p.rglob("*.parquet"))]
-        return bool(records(out)) and len(staged) >= 1 and len(list(out.glob("_staging-g*"))) >= 2
+    def writing() -> bool:  # a wave's Spark job under way (its writer set up), none committed
+        return not records(out) and any(out.glob("_staging-w*/_temporary"))
 
-    with open(tmp_path / "first.log", "wb") as log:
-        killed_run("none", argv, log, ready=in_flight_now)
-    first = records(out)
-    assert 1 <= len(first) < FILES, (tmp_path / "first.log").read_text()[-3000:]
-    with open(tmp_path / "second.log", "wb") as log:
-        killed_run("commit", argv, log)
-    second = records(out)
-    assert len(second) >= len(first), (tmp_path / "second.log").read_text()[-3000:]
+    def in_flight_now() -> bool:  # a group committed, waves' files written or being written
+        return bool(records(out)) and any(p for p in out.glob("_staging-w*")
+                                          if any(p.rglob("*.parquet")))
+
+    for moment, ready in (("none", writing), ("none", in_flight_now), ("commit", None)):
+        before = records(out)
+        with open(tmp_path / "job.log", "wb") as log:
+            killed_run(moment, argv, log, ready=ready)
+        found = records(out)
+        assert len(found) < FILES and set(before) <= set(found), \
+            (tmp_path / "job.log").read_text()[-3000:]
+        if ready is writing:
+            assert not found
+    assert found, "no group committed before the last kill"
     summary = score(spark, HadoopPaths(spark), parse_args(argv))
-    assert summary["rows_skipped"] == ROWS * summary["groups_skipped"] >= ROWS * len(second)
+    assert summary["rows_skipped"] == ROWS * summary["groups_skipped"] >= ROWS * len(found)
     assert summary["rows"] + summary["rows_skipped"] == FILES * ROWS
     reference = tmp_path / "reference"
     score(spark, HadoopPaths(spark), parse_args(job_argv(data, reference)))

@@ -350,7 +350,7 @@ def test_a_resumed_quarantine_equals_an_uninterrupted_one(spark, data, tmp_path)
     # group 0: killed while its quarantine file was renamed in (rolled forward)
     (log / "g00000.json").rename(log / "g00000.moving.json")
     staging = quarantine / records[0]["invalid_staging"]
-    staging.mkdir()
+    staging.mkdir(parents=True)  # in its wave's folder
     name = records[0]["invalid_files"][0]
     (quarantine / name).rename(staging / name.split("-", 1)[1])
     # group 1: killed while Spark wrote it (no record: its files are removed, scored again)

@@ -181,7 +181,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_output(spark, data, tmp
     # group 1: renamed into place but one file, then killed (rolled forward)
     (log / "g00001.json").rename(log / "g00001.moving.json")
     staging = out / records[1]["staging"]
-    staging.mkdir()
+    staging.mkdir(parents=True)  # in its wave's folder
     kept = records[1]["files"][0]
     (out / kept).rename(staging / kept[len("g00001-"):])
     # group 2: a file lost in between (rolled back, scored again)

@@ -156,7 +156,7 @@ def _staging_of_another_user(out, q) -> str:
     record = json.loads((log / "g00003.json").read_text())
     (log / "g00003.json").rename(log / "g00003.moving.json")
     staging = out / record["staging"]
-    staging.mkdir()
+    staging.mkdir(parents=True)  # in its wave's folder
     kept = record["files"][0]
     (out / kept).rename(staging / kept.split("-", 1)[1])
     give_to_other_user(staging)
@@ -323,7 +323,7 @@ def test_a_record_naming_what_the_job_never_writes_is_refused(spark, made, tmp_p
     (out / "victim" / "part-zz-evil.pth").write_bytes(b"import os")
     (out / "k=9").symlink_to(victim)
     record = moving(out, 3)
-    (out / record["staging"]).mkdir()
+    (out / record["staging"]).mkdir(parents=True)
     changes, said = NAMES[case]
     write_json(out / "_spark_keras" / "commits" / "g00003.moving.json",
                {**record, **changes(out, tmp_path)})

@@ -7,7 +7,8 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
     output/g00001-part-...                                 (gNNNNN-: the group's files)
     output/k=3/g00001-part-...                             (--partition-by k: in folders)
     output/_SUCCESS                                        once every group is committed
-    output/_staging-g00002-<hex>/                          a group being written by Spark
+    output/_staging-w00002-<hex>/                          a wave of groups written by Spark
+    output/_staging-w00002-<hex>/__spark_keras_group=5/    (one Spark job): group 5's files
     output/_spark_keras/manifest.json                      what the job is
     output/_spark_keras/commits/g00000.json                one record per committed group
     output/_spark_keras/commits/g00002.moving.json         a group being published
@@ -20,7 +21,9 @@ Layout, checked on PySpark 4.3 (the file-index code involved is older than 3.5):
   when there are none), so one atomic folder rename per group is not open to us.
 * Groups (:mod:`spark_keras.jobs.score.manifest`): runs of the input's files, each
   scored by Spark into ``_staging-...`` (names starting with ``_`` are invisible to
-  Spark's and pyarrow's readers).
+  Spark's and pyarrow's readers): several groups by one Spark job, a wave
+  (:mod:`spark_keras.jobs.score.inflight`), each group's files in a folder of its own
+  (``partitionBy`` on a hidden column holding the group's index).
 * A commit: the record (the group's files, output file names, rows, invalid rows) is
   written as ``gN.moving.json``; the files are renamed into the output one by one (and
   those of the quarantine, ``--invalid-output``, into its folder);
@@ -170,8 +173,11 @@ def commit(plan: Plan, index: int, staging: dict[str, str], record: dict,
     record = dict(record)
     for key, root in plan.roots():
         folder = staging[key]
-        staged = [name for name, _, _ in list_input(paths, folder)]
-        record[f"{key}staging"] = folder.rstrip("/").rpartition("/")[2]
+        # none: a wave's group without rows for this output (Spark wrote no folder)
+        staged = [name for name, _, _ in list_input(paths, folder)] \
+            if paths.exists(folder) else []
+        trust.inside(paths, root, folder)
+        record[f"{key}staging"] = folder[len(root.rstrip("/")) + 1:]  # under the root
         record[f"{key}files"] = [trust.published(index, name) for name in staged]
         moves += [(root, join(folder, name), join(root, trust.published(index, name)))
                   for name in staged]

@@ -97,12 +97,14 @@ class Outputs:
         hidden = [c for c in (error_col, version_col) if c in (_HIDDEN_REASON, _HIDDEN_VERSION)]
         return scored.drop(*hidden)
 
-    def quarantine(self, scored: Any) -> Any:
-        """The invalid rows of ``scored``: the input's columns, the reason, the version."""
+    def quarantine(self, scored: Any, group_col: str | None = None) -> Any:
+        """The invalid rows of ``scored``: the input's columns (and ``group_col``), the
+        reason, the version."""
         error_col, version_col = self.transform_cols()
         assert error_col is not None and version_col is not None  # there is a quarantine
+        kept = self.input_columns + ([group_col] if group_col else [])
         return scored.where(_col(error_col).isNotNull()).select(
-            *[_col(c) for c in self.input_columns],
+            *[_col(c) for c in kept],
             _col(error_col).alias(self.reason_col), _col(version_col).alias(self.version))
 
     def rows_written(self, rows: int, invalid_rows: int) -> dict[str, int]:
@@ -131,25 +133,30 @@ class Outputs:
                 raise JobError(f"--output-format csv cannot hold column(s) {nested} of {what}: "
                                f"give parquet, orc or json")
 
-    def writer(self, frame: Any, partitioned: bool = True) -> Any:
+    def writer(self, frame: Any, partitioned: bool = True, group_col: str | None = None) -> Any:
         """Spark's writer of ``frame`` in the output's format (partitioned unless not
-        ``partitioned``: the quarantine is not)."""
+        ``partitioned``: the quarantine is not; by ``group_col`` first if given)."""
         writer = frame.write.format(self.format)
         if self.format == "csv":
             writer = writer.option("header", True)
-        if partitioned and self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
+        columns = ([group_col] if group_col else []) + \
+            (list(self.partition_by or []) if partitioned else [])
+        if columns:
+            writer = writer.partitionBy(*columns)
         return writer
 
     def write(self, scored: Any, main: str | None, invalid: str | None,
-              overwrite: bool = False) -> None:
+              overwrite: bool = False, group_col: str | None = None) -> None:
         """Write ``scored``: its invalid rows into the folder ``invalid`` (if there is a
         quarantine), then the output's rows into the folder ``main``, or the table (None;
-        replaced if ``overwrite``). Folders are as Spark must be given them."""
+        replaced if ``overwrite``). Folders are as Spark must be given them. With
+        ``group_col`` (a wave of the score job's groups), each value's rows into a folder
+        ``<group_col>=<value>`` of each."""
         with _held(scored, self.invalid_path is not None):
             if invalid is not None:
-                self.writer(self.quarantine(scored), partitioned=False).save(invalid)
-            writer = self.writer(self.main(scored))
+                self.writer(self.quarantine(scored, group_col), partitioned=False,
+                            group_col=group_col).save(invalid)
+            writer = self.writer(self.main(scored), group_col=group_col)
             if main is not None:
                 writer.save(main)
             else:

@@ -1,30 +1,38 @@
-"""How a ``--resume`` run keeps the cluster busy: how many groups it scores at once
-(:func:`in_flight`, from the session's task slots, :class:`Jobs`), how big a group is by
-default (:func:`default_commit_bytes`), and the Spark jobs of each group tagged so that a
-failure cancels the others (:meth:`Jobs.tagged`, :meth:`Jobs.cancel`).
+"""How a ``--resume`` run keeps the cluster busy: how big a group (a commit) is by default
+(:func:`default_commit_bytes`), how many groups one Spark job scores (a wave,
+:func:`wave_size`), and each wave's Spark job tagged so that a failure cancels the others
+(:meth:`Jobs.tagged`, :meth:`Jobs.cancel`).
 
-The rule: ``T = min(slots + 2, MAX_IN_FLIGHT)`` groups in flight (every slot busy, and a
-group or two queued in Spark's scheduler to take the slot the next task frees while the
-driver plans, publishes and records the groups it has), and groups of about
-``input / (10 T)`` bytes: about ``10 T`` groups, so that a kill (which loses the groups in
-flight, the committed ones stay) loses at most about a tenth of the input. Files are not
-cut: a file larger than the bound is a group of its own.
+The rule: groups of about ``input / (10 T)`` bytes, ``T = min(slots + 2, MAX_IN_FLIGHT)``
+(files are not cut: a file larger than the bound is a group of its own), and
+:data:`WAVES_IN_FLIGHT` waves in flight, the next one's Spark job queued in Spark's
+scheduler to take the slot the next task frees while the driver commits the groups it has.
+A wave holds at least enough groups for every task slot (a task per 128 MiB of a group, at
+least one) and at most about ``input / 20`` bytes, so that a kill (which loses the waves in
+flight; the committed groups stay) loses about a tenth of the input; or, once the run has
+scored a wave, :data:`WAVE_SECONDS` of its pace when that is more (a kill loses at most a
+few minutes of work).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-__all__ = ["MAX_IN_FLIGHT", "LOSS_SHARE", "Jobs", "in_flight", "default_commit_bytes"]
+__all__ = ["MAX_IN_FLIGHT", "LOSS_SHARE", "WAVES_IN_FLIGHT", "WAVE_SECONDS", "Jobs",
+           "in_flight", "default_commit_bytes", "wave_size"]
 
-MAX_IN_FLIGHT = 32  # groups scored at once, at most (each a driver thread and a Spark job)
-QUEUED = 2  # groups in flight beyond the task slots: the next tasks wait in Spark's queue
-LOSS_SHARE = 10  # a kill loses at most about 1/LOSS_SHARE of the input (its groups in flight)
+MAX_IN_FLIGHT = 32  # the groups' count per slot stops growing there (see default_commit_bytes)
+QUEUED = 2  # groups beyond the task slots
+LOSS_SHARE = 10  # a kill loses at most about 1/LOSS_SHARE of the input (its waves in flight)
+WAVES_IN_FLIGHT = 2  # Spark jobs at once: one running, the next queued behind it
+WAVE_SECONDS = 60.0  # a wave's work at the run's pace, when more than its share of the input
+SPLIT_BYTES = 128 * 2**20  # spark.sql.files.maxPartitionBytes' default: a task's input
 
 
 def in_flight(slots: int) -> int:
-    """How many groups are scored at once on ``slots`` task slots."""
+    """``T``: the groups a default commit bound makes per tenth of the input on ``slots``
+    task slots."""
     return max(1, min(max(slots, 1) + QUEUED, MAX_IN_FLIGHT))
 
 
@@ -34,8 +42,25 @@ def default_commit_bytes(total_bytes: int, slots: int) -> int:
     return max(1, -(-total_bytes // (LOSS_SHARE * in_flight(slots))))
 
 
+def wave_size(sizes: Sequence[int], total_bytes: int, slots: int,
+              pace: float | None = None) -> int:
+    """How many of the next groups (their bytes ``sizes``, in order) one Spark job scores:
+    tasks for every slot at least, then up to a tenth of the job's ``total_bytes`` over the
+    waves in flight, or :data:`WAVE_SECONDS` at ``pace`` (bytes/s; None before one is
+    known) when that is more; one at least."""
+    bound = total_bytes / (LOSS_SHARE * WAVES_IN_FLIGHT)
+    if pace:
+        bound = max(bound, pace * WAVE_SECONDS)
+    taken, tasks, held = 0, 0, 0
+    for size in sizes:
+        if taken and tasks >= slots and held + size > bound:
+            break
+        taken, tasks, held = taken + 1, tasks + max(1, -(-size // SPLIT_BYTES)), held + size
+    return taken
+
+
 class Jobs:
-    """The session's task slots, and its Spark jobs tagged by group (a job tag of the
+    """The session's task slots, and its Spark jobs tagged by wave (a job tag of the
     thread, classic or Spark Connect)."""
 
     def __init__(self, spark: Any) -> None:

@@ -302,14 +302,19 @@ def _score_with(handle: Any, spark: Any, paths: Paths, args: argparse.Namespace,
     names = iter(range(1 << 62))
     error_col, version_col = outputs.transform_cols()
 
-    def transform(frame: Any, observed: bool = True,
-                  max_invalid: float | None = args.max_invalid) -> tuple[Any, Any]:
+    def transform(frame: Any, observed: bool = True, max_invalid: float | None = args.max_invalid,
+                  observe_by: tuple[str, list] | None = None) -> tuple[Any, Any]:
+        """The scored ``frame`` and its observation (each figure per value of
+        ``observe_by``'s column, if given: a wave's groups)."""
+        from spark_keras.spark.transform import transform as transform_df
+
         observation = Observation(f"spark_keras_score_{next(names)}") if observed else None
-        return handle.transform(frame, features, args.output_col, batch_size=args.batch_size,
-                                on_invalid=args.on_invalid, error_col=error_col,
-                                observe=observation, max_invalid=max_invalid,
-                                id_col=args.id_col, version_col=version_col,
-                                buckets=args.buckets), observation
+        handle.check_usable()
+        return transform_df(handle, frame, features, args.output_col, batch_size=args.batch_size,
+                            on_invalid=args.on_invalid, error_col=error_col,
+                            observe=observation, max_invalid=max_invalid,
+                            id_col=args.id_col, version_col=version_col,
+                            buckets=args.buckets, observe_by=observe_by), observation
 
     def committed(summary: dict) -> None:
         if args.metrics_json is not None:

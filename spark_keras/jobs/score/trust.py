@@ -16,7 +16,8 @@ renames that stay under their folder.
   the job's own folders refused); :func:`foreign_owner`: a lease's holder file must be
   the user's too.
 * :func:`check_record`: every name a commit record gives matches the names the job
-  writes (``k=v/`` partition folders, ``gNNNNN-part-...``, ``_staging-gNNNNN-<hex>``).
+  writes (``k=v/`` partition folders, ``gNNNNN-part-...``, ``_staging-gNNNNN-<hex>`` or a
+  wave's ``_staging-wNNNNN-<hex>/__spark_keras_group=N``).
 * :func:`inside`: a path checked to be under its folder before it is removed or renamed.
 """
 
@@ -32,13 +33,14 @@ from spark_keras.private_folder import Unsafe, unsafe, unsafe_holder, user_name
 from spark_keras.private_folder import make_folder as make_local_folder
 from spark_keras.spark.paths import file_uri_path, hadoop_filesystem, scheme
 
-__all__ = ["STAGING", "trusted", "hadoop_owner", "foreign_owner", "make_folder", "check_record",
+__all__ = ["STAGING", "GROUP_COL", "trusted", "hadoop_owner", "foreign_owner", "make_folder", "check_record",
            "inside", "published", "staged", "move_into", "remove"]
 
 STAGING = "_staging-"
 _PARTITION = r"[^/=\x00-\x1f]+=[^/=\x00-\x1f]*/"  # k=v/ (Spark escapes / and = in both)
 _FILE = re.compile(rf"(?:{_PARTITION})*g(\d{{5,}})-part-[A-Za-z0-9._-]+")
-_STAGING = re.compile(rf"{STAGING}g(\d{{5,}})-[0-9a-f]{{12}}")
+GROUP_COL = "__spark_keras_group"  # a wave's hidden column: the folder of each group's files
+_STAGING = re.compile(rf"{STAGING}(?:g(\d{{5,}})|w\d{{5,}})-[0-9a-f]{{12}}(?:/{GROUP_COL}=(\d+))?")
 _HDFS = {"hdfs", "viewfs", "webhdfs", "swebhdfs"}  # Hadoop filesystems that keep owners
 
 
@@ -128,8 +130,9 @@ def make_folder(paths: Paths, path: str) -> None:
 def check_record(record: dict, index: int, path: str) -> None:
     """Raise :class:`JobError` unless every name the commit record of group ``index``
     (at ``path``) gives is one the job writes for that group: output files
-    (``k=v/gNNNNN-part-...``) and staging folders (``_staging-gNNNNN-<hex>``), never
-    ``..`` nor an absolute path."""
+    (``k=v/gNNNNN-part-...``) and staging folders (``_staging-gNNNNN-<hex>``, or a
+    wave's ``_staging-wNNNNN-<hex>/__spark_keras_group=N``), never ``..`` nor an
+    absolute path."""
     for key in ("", "invalid_"):
         files = record.get(f"{key}files")
         if files is None:
@@ -139,7 +142,8 @@ def check_record(record: dict, index: int, path: str) -> None:
                   for name in (files if isinstance(files, list) else [repr(files)])]
         for field, name, form in names:
             found = form.fullmatch(name) if isinstance(name, str) else None
-            if found is None or int(found[1]) != index:
+            numbers = [] if found is None else [n for n in found.groups() if n is not None]
+            if len(numbers) != 1 or int(numbers[0]) != index:
                 raise JobError(f"commit record {path!r} names {field} {name!r}, not a name "
                                f"this job writes for group {index}; pass --overwrite to "
                                f"start over")
