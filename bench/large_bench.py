@@ -142,6 +142,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     import spark_keras as sk
     from spark_keras.cache import read_build_log
     from spark_keras.executor.driver_payload import weights_nbytes
+    from spark_keras.executor.transport import chunked
     from spark_keras.inference.predictor import predictor_for
 
     builder = (SparkSession.builder.master(args.master).appName("spark-keras-large")
@@ -184,7 +185,8 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
         me = peaks.seen.get(os.getpid(), {})
         result["driver_python_ship_peak_mib"] = me.get("anon_since_mark", 0) / 1024
         result["transport"] = type(bm._transport).__name__
-        result["chunks"], result["payload_bytes"] = len(getattr(bm._transport, "chunks", [])), bm._nbytes
+        result["payload_bytes"] = bm._nbytes  # chunks: written on each executor at ship time
+        result["chunks"] = -(-bm._nbytes // chunked.CHUNK_BYTES) if bm._chunked else 0
         got = bm.transform(df, "features").select("part", "id", "prediction").collect()
         result["first_prediction_s"] = time.perf_counter() - start
         # each worker's build of it (pid, seconds from the ship's start to the build's end)

@@ -1,7 +1,9 @@
 """A large model to several executors: what the driver sends, and how long until every
-executor has built it, the driver's file (``ship="driver"``) against chunk broadcasts
-(``ship="auto"``), on ``local-cluster[4,1,1024]`` (four executor JVMs on this machine),
-each path in a fresh driver process (:func:`bench.large_bench.launch`).
+executor has built it, the driver's file (``ship="driver"``) against the executors' files
+written at ship time through Spark's block transfer (``ship="auto"``: waves of chunk
+broadcasts, :mod:`spark_keras.executor.transport.chunked`), on ``local-cluster[4,1,1024]``
+(four executor JVMs on this machine), each path in a fresh driver process
+(:func:`bench.large_bench.launch`).
 
 The driver's bytes are counted per TCP socket on the loopback (:mod:`bench.socket_bytes`):
 the sockets of the driver's processes (its Python, its JVM) whose other end belongs to an
@@ -26,10 +28,11 @@ MASTER = f"local-cluster[{EXECUTORS},1,1024]"
 LINK = 10e9 / 8  # bytes per second of a 10 Gb/s link
 FLEET = 500  # executors, on paper
 SENT_RATIO = 1.5  # target: the chunk path's driver bytes for four executors, x the payload
+JVM_MARGIN = 0.2  # target: the chunk path's JVM peaks, GiB above the driver's file's
 TITLE = ("## A large model to four executors: the driver's file vs chunk broadcasts, "
          "on local-cluster[4,1,1024]")
 
-DRIVER, CHUNKS = "ship='driver' (the driver's file)", "ship='auto' (chunk broadcasts)"
+DRIVER, CHUNKS = "ship='driver' (the driver's file)", "ship='auto' (chunk waves at ship time)"
 PLAN = [(DRIVER, "driver"), (CHUNKS, "auto")]
 
 
@@ -83,10 +86,6 @@ def row(result: dict[str, Any], label: str) -> dict[str, Any]:
             "error": result.get("error", "")}
 
 
-def _harmonic(n: int) -> float:
-    return sum(1 / k for k in range(1, n + 1))
-
-
 def on_paper(r: dict[str, Any]) -> float | None:
     """Seconds until :data:`FLEET` executors have built the model at :data:`LINK`
     bytes/s per host, from this run's figures (``after``: the measured seconds from the
@@ -94,26 +93,26 @@ def on_paper(r: dict[str, Any]) -> float | None:
     loopback included, kept whole).
 
     The driver's file: the driver's link carries one copy per executor,
-    ``ship s + FLEET x payload / link + after``. Chunk broadcasts: executors that start
-    together fetch each block from a holder drawn at random, the driver among them, so the
-    k-th to ask for a block gets it from the driver with odds 1/k: the driver sends about
-    H(n) = 1 + 1/2 + ... + 1/n copies for n executors. The measured copies for four,
-    scaled by H(500)/H(4), cross the driver's link; each executor receives one payload:
-    ``ship s + max(driver's copies, 1) x payload / link + after``."""
+    ``ship s + FLEET x payload / link + after``. Chunk waves: each block leaves the driver
+    once (the seed, one share per executor), then executors fetch it from each other: the
+    measured copies cross the driver's link whatever the number of executors, and each
+    executor receives one payload on its own link, ``all built s + max(driver's copies, 1)
+    x payload / link`` (the measured seconds, every per-chunk and per-wave cost of the
+    loopback included, kept whole; the driver's scheduling of a wave's task per executor,
+    about a millisecond each, not counted)."""
     if r.get("all executors built s") is None or r.get("ship s") is None:
         return None
     payload = r["payload MB"] * 1e6
     after = r["all executors built s"] - r["ship s"]
     if r["chunks"]:
-        copies = r["driver sent x payload"] * _harmonic(FLEET) / _harmonic(EXECUTORS)
-        return r["ship s"] + max(copies, 1.0) * payload / LINK + after
+        return r["all executors built s"] + max(r["driver sent x payload"], 1.0) * payload / LINK
     return r["ship s"] + FLEET * payload / LINK + after
 
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
     """Each path built on every executor, exactly; the chunk path's driver bytes <= 1.5x
-    the payload, and its seconds until all executors have built no more than the driver's
-    file's."""
+    the payload, its seconds until all executors have built no more than the driver's
+    file's, and its JVMs' peaks within 0.2 GiB of the driver's file's."""
     by = {r["path"]: r for r in rows}
     out = [_target(f"{r['path']}: all {EXECUTORS} executors built it, predictions exact (1: yes)",
                    float(ok), ok) for r in rows
@@ -121,13 +120,17 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     chunks, driver = by.get(CHUNKS), by.get(DRIVER)
     if chunks is not None:
         sent = chunks["driver sent x payload"]
-        out.append(_target(f"chunk broadcasts: the driver's processes sent <= {SENT_RATIO:g}x "
+        out.append(_target(f"chunk waves: the driver's processes sent <= {SENT_RATIO:g}x "
                            f"the payload", sent, sent <= SENT_RATIO))
     if chunks is not None and driver is not None:
         mine, theirs = chunks["all executors built s"], driver["all executors built s"]
         ratio = None if mine is None or not theirs else mine / theirs
-        out.append(_target("chunk broadcasts: seconds until all executors built it, x the "
+        out.append(_target("chunk waves: seconds until all executors built it, x the "
                            "driver's file's (<= 1)", ratio, ratio is not None and ratio <= 1.0))
+        for role in ("driver JVM RSS GiB", "executor JVM RSS GiB (max)"):
+            more = chunks[role] - driver[role]
+            out.append(_target(f"chunk waves: {role} within {JVM_MARGIN:g} GiB of the driver's "
+                               f"file's ({driver[role]:.2f})", more, more <= JVM_MARGIN))
         out.append(f"[info] the driver's file: the driver sent {driver['driver sent x payload']:.2f}x "
                    f"the payload")
     return out
@@ -148,23 +151,26 @@ def body(results: dict[str, Any]) -> list[str]:
         f"ended (the build log); executors counted from the builds' processes. Peak private "
         f"memory of the driver's Python and peak resident sets of the JVMs (/proc, every 50 "
         f"ms). On paper: {FLEET} executors at 10 Gb/s per host from the measured figures (the "
-        f"driver's file: one copy per executor through the driver's link; chunk broadcasts: "
-        f"the measured copies for four scaled by H({FLEET})/H({EXECUTORS}), executors that "
-        f"start together fetching each block from a random holder; the measured time after "
-        f"shipping kept whole).", "",
+        f"driver's file: one copy per executor through the driver's link, the measured time "
+        f"after shipping kept whole; chunk waves: the measured copies through the driver's "
+        f"link whatever the number of executors, one payload through each executor's, the "
+        f"measured time until all built kept whole).", "",
         table(rows, floatfmt="{:,.2f}"), "", *_per_chunk(rows),
         "Targets:", "", *(f"- {line}" for line in targets(rows)), ""]
 
 
 def _per_chunk(rows: list[dict[str, Any]]) -> list[str]:
-    """The measured per-chunk cost, the line under the table."""
-    out = []
-    for r in rows:
-        if r["chunks"] and r["all executors built s"] is not None and r["ship s"] is not None:
-            each = (r["all executors built s"] - r["ship s"]) / r["chunks"]
-            out += [f"Per chunk ({r['path']}): {each:.2f} s from the end of shipping until the "
-                    f"last build, {EXECUTORS} executors fetching and writing at once.", ""]
-    return out
+    """The measured per-chunk cost, the line under the table: the chunk path's ship
+    seconds beyond the driver's file's (the same payload file written on the driver; the
+    rest is the waves), per chunk."""
+    by = {r["path"]: r for r in rows}
+    chunks, driver = by.get(CHUNKS), by.get(DRIVER)
+    if chunks is None or driver is None or not chunks["chunks"] or None in (
+            chunks["ship s"], driver["ship s"]):
+        return []
+    each = (chunks["ship s"] - driver["ship s"]) / chunks["chunks"]
+    return [f"Per chunk ({CHUNKS}): {each:.2f} s of the ship beyond the driver's file's (the "
+            f"waves: seed, spread and write, {EXECUTORS} executors at once; then the seal).", ""]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from spark_keras.channel.scopes import SCOPE_PROPERTIES, scope_of
 from spark_keras.errors import ChannelError, SparkKerasError
 from spark_keras.executor import shipped_objects
 from spark_keras.executor.transport.base import Transport
-from spark_keras.executor.transport.chunked import ChunkedTransport
 from spark_keras.executor.transport.served import ServedTransport
 from spark_keras.executor.transport.storage import StorageTransport
 from spark_keras.payload.stored import StoredModel
@@ -229,7 +228,6 @@ def _as_version(handle: Any, version: dict[str, Any]) -> Any:
         raise SparkKerasError(f"the driver's answer for model {name} version {index} carries "
                               f"no payload digest ({str(digest)[:80]!r}): refused")
     served = ServedTransport(handle._versions, name, index, digest)
-    shipped = handle._shipped.get(index)  # its chunk broadcasts, if the plan carries them
     objects = handle._recipe.objects if source.get("objects") is None else \
         shipped_objects.fetch(source["objects"], name, index)
     chosen = copy.copy(handle)  # through __getstate__: the plan's released keys are put back
@@ -240,8 +238,6 @@ def _as_version(handle: Any, version: dict[str, Any]) -> Any:
     if source.get("stored") is not None:
         chosen._transport = StorageTransport(StoredModel(**source["stored"]),
                                              handle._transport.rdds, served)
-    elif shipped is not None:  # checked against the digest the driver's answer carries
-        chosen._transport = ChunkedTransport(None, shipped.chunks, served)
     else:
         chosen._transport = served
     return chosen

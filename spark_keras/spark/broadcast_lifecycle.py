@@ -15,7 +15,6 @@ from spark_keras.channel import version_server, versions
 from spark_keras.errors import SparkKerasError
 from spark_keras.executor.transport.base import Transport
 from spark_keras.executor.transport.served import ServedTransport
-from spark_keras.spark import broadcast_versions
 
 # Keys of BroadcastModels released on this driver, each with the class of the transport
 # that shipped it (what a pickled handle carries as its _stale)
@@ -38,7 +37,6 @@ def unpersist(handle: Any, blocking: bool) -> None:
         handle.check_usable()
         _release_keys(handle)
         handle._transport.renew(blocking)
-        broadcast_versions.renew_chunks(handle, blocking)
         handle._epoch += 1
         handle._key = f"{handle._name}.{handle._epoch}"
         if handle._schedule is not None:  # every version is built afresh under a new key
@@ -54,8 +52,7 @@ def destroy(handle: Any, blocking: bool) -> None:
         _release_keys(handle)
         handle._released = True
         handle._model = None
-        for transport in (handle._transport, *handle._shipped.values()):
-            transport.destroy(blocking)
+        handle._transport.destroy(blocking)
         schedule, handle._schedule = handle._schedule, None
     if schedule is not None:  # on the driver: its copies, and the server if idle
         if handle._finalizer is not None:

@@ -72,10 +72,7 @@ def carried(handle: Any) -> dict[str, Any]:
     state = dict(handle.__dict__, _model=None, _stale=tuple(broadcast_lifecycle.released),
                  _schedule=None, _watch=None, _custom_objects=None, _server=None, _lock=None,
                  _finalizer=None, _application=None,
-                 _version=handle._first_label, _index=1, _planned=handle._index,
-                 # the current version's chunk broadcasts, if it has some: a plan made
-                 # now fetches them, and no other version's (see broadcast_versions)
-                 _shipped={i: t for i, t in handle._shipped.items() if i == handle._index})
+                 _version=handle._first_label, _index=1, _planned=handle._index)
     state["_signature"] = handle.signature
     return state
 
@@ -106,7 +103,9 @@ def _first_version(handle: Any, spark: Any, server: version_server.Server,
         return ServedTransport.of(handle._versions, name, 1, kept)  # its digest fixed
 
     handle._transport = transport_for(spark, name, payload, keep, ship)
-    handle._shipped = {}  # later versions' chunk broadcasts, by index (broadcast_versions)
+    # whether its versions' files are written on every executor through Spark's block
+    # transfer when they ship (transport.chunked): later ones too (broadcast_versions)
+    handle._chunked = ship == "auto" and isinstance(handle._transport, ServedTransport)
     handle._schedule = versions.Schedule(versions.Version(1, label, name, payload.nbytes))
     handle._watch = None if watch_every is None else versions.Watch(handle, payload.stored, watch_every)
     server.register(name, handle._schedule, None if handle._watch is None else handle._watch.check)

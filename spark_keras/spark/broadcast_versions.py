@@ -1,8 +1,8 @@
 """A :class:`~spark_keras.spark.broadcast.BroadcastModel`'s later versions, on the driver:
 :meth:`~spark_keras.spark.broadcast.BroadcastModel.update` (and a watched URI's new file)
 checks the label and that the model fits the current version's inputs and outputs, writes
-its payload to the driver's file (and, where version 1 shipped in chunk broadcasts, ships
-it that way too), and adds it to the handle's schedule
+its payload to the driver's file (and, where version 1 shipped through Spark's block
+transfer, writes it on every executor that way too), and adds it to the handle's schedule
 (:class:`~spark_keras.channel.versions.Schedule`), whose version server tells each task
 which version it scores with. Version 1: :mod:`.broadcast_shipping`."""
 
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from spark_keras.channel import versions
 from spark_keras.errors import SparkKerasError
 from spark_keras.executor import driver_payload, shipped_objects
-from spark_keras.executor.transport.chunked import ChunkedTransport, broadcast_chunks
+from spark_keras.executor.transport.chunked import warm
 from spark_keras.executor.transport.served import ServedTransport
 from spark_keras.inference.signature import signature_of
 from spark_keras.payload.digest import file_digest
@@ -64,8 +64,10 @@ def adopt(handle: Any, payload: driver_payload.DriverPayload, *, label: str | No
     and, for a URI, its StoredModel; a watched URI ships its new file this way;
     ``label`` defaults to the version's number, or the next one not taken). The
     version's number and label are chosen and it is added in one step, under the
-    handle's lock; a payload refused leaves no file, nor chunk broadcast."""
-    chunks: list[Any] | None = None
+    handle's lock; a payload refused leaves no file. Where version 1 shipped through
+    Spark's block transfer (:mod:`~spark_keras.executor.transport.chunked`), this one's
+    file is written on every executor the same way once it is added: a plan made in the
+    meantime downloads it from the driver's copy."""
     try:
         name, server = handle._name, handle._server
         objects = custom_objects if custom_objects is not None else handle._custom_objects
@@ -82,57 +84,26 @@ def adopt(handle: Any, payload: driver_payload.DriverPayload, *, label: str | No
                   "objects": shipped_objects.ship(handle._application, recipe.objects,
                                                   handle._recipe.objects),
                   "stored": None if stored is None else dataclasses.asdict(stored)}
-        chunks = _chunks_of(handle, payload.path)  # slow too: before the lock
         with handle._lock:
             handle.check_usable()
             schedule = driver_schedule(handle)
             index = schedule.next_index()
             label = versions.check_label(label, schedule.labels(), index)
             payload.path = server.keep_payload(name, index, payload.kept)
-            schedule.add(versions.Version(index, label, f"{name}.v{index}", payload.nbytes, source))
+            added = versions.Version(index, label, f"{name}.v{index}", payload.nbytes, source)
+            schedule.add(added)
             handle._model, handle._version, handle._index = model, label, index
-            if chunks is not None:
-                _adopt_chunks(handle, index, chunks, digest)
-                chunks = None
     except BaseException:
         payload.discard()
-        for chunk in chunks or []:
-            chunk.destroy()
         raise
+    sc = getattr(handle._application, "sparkContext", handle._application) \
+        if handle._chunked else None
+    if sc is not None and sc._jsc is not None:  # (the context stopped: from the driver)
+        warm(sc, payload.path, added.key, added.nbytes,
+             ServedTransport(handle._versions, name, index, digest))
     logger.info("model %s: version %s shipped (%.1f MB payload)", name, label,
                 payload.nbytes / 2**20)
     return label
-
-
-def _chunks_of(handle: Any, path: str) -> list[Any] | None:
-    """The payload at ``path`` as chunk broadcasts if ``handle``'s first version shipped
-    that way (:mod:`~spark_keras.executor.transport.chunked`) and its Spark context
-    runs; else None (the version is served from the driver's copy only)."""
-    first = handle._transport
-    if not isinstance(first, ChunkedTransport) or first._context_stopped():
-        return None
-    return broadcast_chunks(first._sc, path)
-
-
-def _adopt_chunks(handle: Any, index: int, chunks: list[Any], sha256: str) -> None:
-    """Version ``index`` (current now) travels in ``chunks`` with the plans made from now
-    on (:func:`.broadcast_shipping.carried`); plans made before get it from the driver's
-    copy. Earlier versions' chunks stay until ``unpersist()`` or ``destroy()``: a plan
-    that carries them may still run (a task whose plan carries a destroyed broadcast
-    fails)."""
-    served = ServedTransport(handle._versions, handle._name, index, sha256)
-    handle._shipped[index] = ChunkedTransport(handle._transport._sc, chunks, served)
-
-
-def renew_chunks(handle: Any, blocking: bool) -> None:
-    """On ``unpersist()``: the current version's chunks broadcast afresh, the earlier
-    versions' destroyed (as version 1's broadcast, plans made before then fail)."""
-    for index, shipped in list(handle._shipped.items()):
-        if index == handle._index:
-            shipped.renew(blocking)
-        else:
-            shipped.destroy(blocking)
-            del handle._shipped[index]
 
 
 def driver_schedule(handle: Any) -> versions.Schedule:

@@ -1,17 +1,17 @@
-"""Large payloads in chunk broadcasts (:mod:`spark_keras.executor.transport.chunked`):
-executors fetch the chunks through Spark's block transfer, from the driver or from each
-other, assemble the executor's file and check it against the driver's digest.
+"""Large payloads through Spark's block transfer at ship time
+(:mod:`spark_keras.executor.transport.chunked`): in waves of chunk broadcasts that executors
+fetch from each other (the driver's blocks let go once executors seeded them), each
+executor's file written and checked against the driver's digest before any task needs it,
+no chunk left in any block manager after.
 
 The threshold and the chunk size are lowered (driver-side settings read when a payload
-ships) so that a small model takes the large path in several chunks: seconds, not
-minutes. The digest checks run on real PySpark broadcast objects without Spark."""
+ships) so that a small model takes the large path in several chunks and waves: seconds,
+not minutes."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
-import pickle
 
 import keras
 import numpy as np
@@ -19,11 +19,11 @@ import pytest
 
 import spark_keras as sk
 from spark_keras.cache import read_build_log
-from spark_keras.errors import PayloadError
 from spark_keras.executor import driver_payload
 from spark_keras.executor.transport import chunked
-from spark_keras.executor.transport.chunked import ChunkedTransport
+from spark_keras.executor.transport.executor_file import executor_folder
 from spark_keras.executor.transport.served import ServedTransport
+from spark_keras.payload import host_file
 from tests.conftest import make_spark
 
 CHUNK = 64 * 1024
@@ -41,12 +41,20 @@ def small_chunks(monkeypatch):
     """Payloads over 64 KiB take the large path, in 64 KiB chunks."""
     monkeypatch.setattr(driver_payload, "LARGE_PAYLOAD", CHUNK)
     monkeypatch.setattr(chunked, "CHUNK_BYTES", CHUNK)
+    monkeypatch.setattr(chunked, "WAVE_CHUNKS", 4)  # 17 chunks: five waves
 
 
 @pytest.fixture(scope="module")
 def cluster(build_log):
+    import time
+
     session = make_spark("local-cluster[2,1,1024]", build_log,
                          **{"spark.executor.memory": "1g"})
+    # both executors registered: a model ships to the executors there when it ships
+    deadline = time.monotonic() + 120
+    while session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3 \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
     yield session
     session.stop()
 
@@ -90,133 +98,96 @@ def scored(spark, bm, x, **kwargs):
     return got, np.stack(got["prediction"].to_numpy()).astype("float32")
 
 
-def test_chunks_ship_update_and_are_released_on_local_spark(spark, small_chunks):
-    """local[2]: the driver's block manager is the only one; its worker reads the chunks."""
+
+
+def executor_files(spark, tasks: int = 8) -> dict[str, list[str]]:
+    """The names in each executor's payload folder that the tasks of one job saw (a short
+    sleep each, so that every executor gets one), by folder."""
+    def look(_):
+        import time
+
+        time.sleep(0.3)
+        folder = executor_folder()
+        yield folder, sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []
+
+    return dict(spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(look).collect())
+
+
+def test_the_executor_file_is_written_at_ship_and_no_chunk_stays(spark, small_chunks):
+    """local[2] (the driver's block manager is the only one): the executor's file of each
+    version is there before a task needs it; no chunk's blocks or driver file stay."""
     x = np.random.default_rng(3).standard_normal((16, 32)).astype("float32")
     release_cached(spark)
     before = stored(spark)
+    temp = set(os.listdir(spark.sparkContext._temp_dir))
     bm = sk.BroadcastModel(spark, mlp(4))
     try:
-        n, first = bm._nbytes, bm._transport
-        assert isinstance(first, ChunkedTransport) and len(first.chunks) >= 8
-        # the chunks' blocks, once (compressed by Spark's broadcast codec: alone 90-100%
-        # of the payload; in the whole suite, before the cleaner was waited for, 65-83%)
-        one = stored(spark) - before
-        assert n * 0.6 < one < n * 1.5
+        n, name = bm._nbytes, bm._name
+        [(folder, names)] = executor_files(spark).items()
+        assert f"{bm.key}.skp" in names and not [f for f in names if f.endswith(".part")], names
+        assert os.path.getsize(host_file.path_for(folder, bm.key)) == n > 16 * CHUNK
+        assert stored(spark) - before < 0.2 * n  # every wave's blocks went
+        assert set(os.listdir(spark.sparkContext._temp_dir)) <= temp  # and its driver files
+        assert isinstance(bm._transport, ServedTransport)  # who was not there downloads it
         _, found = scored(spark, bm, x)
         np.testing.assert_allclose(found, np.asarray(mlp(4)(x)), rtol=1e-5, atol=1e-6)
-        bm.update(mlp(5))
-        assert 1.8 * one < stored(spark) - before < 2.6 * one
+
+        bm.update(mlp(5))  # a later version ships the same way
+        [(_, names)] = executor_files(spark).items()
+        assert f"{name}.v2.skp" in names, names
+        assert stored(spark) - before < 0.2 * n
         got, found = scored(spark, bm, x, version_col="v")
         assert set(got["v"]) == {"2"}
         np.testing.assert_allclose(found, np.asarray(mlp(5)(x)), rtol=1e-5, atol=1e-6)
-        old = first.chunks + bm._shipped[2].chunks
-        bm.unpersist(blocking=True)  # broadcast afresh, the old ones destroyed
-        assert not any(os.path.exists(c._path) for c in old)
-        assert 1.8 * one < stored(spark) - before < 2.6 * one
+        bm.unpersist(blocking=True)  # built again under a new key, from the driver's copy
         _, found = scored(spark, bm, x)
         np.testing.assert_allclose(found, np.asarray(mlp(5)(x)), rtol=1e-5, atol=1e-6)
-        fresh = first.chunks + bm._shipped[2].chunks
     finally:
         bm.destroy(blocking=True)
     assert stored(spark) - before < 0.2 * n
-    assert not any(os.path.exists(c._path) for c in fresh)
+
+
+def test_chunks_that_are_not_the_payload_publish_nothing(spark, small_chunks, tmp_path):
+    payload = os.urandom(300_000)
+    (tmp_path / "payload").write_bytes(payload)
+    path, sc = str(tmp_path / "payload"), spark.sparkContext
+    wrong = ServedTransport(None, "m", 1, hashlib.sha256(b"another payload").hexdigest())
+    assert chunked.warm(sc, path, "warm-refused", len(payload), wrong) == 0
+    [(folder, names)] = executor_files(spark, 2).items()
+    assert "warm-refused.skp" not in names and "warm-refused.skp.part" not in names, names
+    right = ServedTransport(None, "m", 1, hashlib.sha256(payload).hexdigest())
+    try:
+        assert chunked.warm(sc, path, "warm-taken", len(payload), right) == 1
+        with open(host_file.path_for(folder, "warm-taken"), "rb") as f:
+            assert f.read() == payload
+    finally:
+        host_file.discard(folder, "warm-taken")
 
 
 @pytest.mark.slow  # a local-cluster of its own: about 40 s idle (3-4 min under load)
-def test_chunks_cross_executors_build_exactly_update_and_release(cluster, build_log,
-                                                                 small_chunks):
-    model = mlp(0)
+def test_each_executor_has_the_file_at_ship_and_builds_from_it(cluster, build_log, small_chunks):
+    model, second = mlp(0), mlp(1)
     x = np.random.default_rng(1).standard_normal((40, 32)).astype("float32")
     before = stored(cluster)
     bm = sk.BroadcastModel(cluster, model)
     try:
-        n = bm._nbytes
-        transport = bm._transport
-        assert isinstance(transport, ChunkedTransport)
-        assert len(transport.chunks) == -(-n // CHUNK) >= 8
-        shipped_once = stored(cluster) - before
-        assert n * 0.9 < shipped_once < n * 1.5  # the driver's blocks, no executor's yet
+        n, name = bm._nbytes, bm._name
+        found_files = executor_files(cluster)
+        assert len(found_files) == 2, found_files  # both executors, each with the file
+        assert all(f"{bm.key}.skp" in names for names in found_files.values()), found_files
+        for folder in found_files:
+            assert os.path.getsize(host_file.path_for(folder, bm.key)) == n
+        assert stored(cluster) - before < 0.2 * n  # no block manager holds a chunk
         _, found = scored(cluster, bm, x)
         np.testing.assert_allclose(found, np.asarray(model(x)), rtol=1e-5, atol=1e-6)
-        # both executors fetched the chunks through Spark's block manager
-        assert stored(cluster) - before > 2.8 * n
         records = [r for r in read_build_log(build_log) if r["key"] == bm.key]
         assert records and all(r["shared"] for r in records), records
 
-        # a new version ships the same way to plans made after it
-        second = mlp(1)
-        assert bm.update(second) == "2"
-        shipped = bm._shipped[2]
-        assert isinstance(shipped, ChunkedTransport) and len(shipped.chunks) >= 8
-        # (the executors' copies of version 1's chunks went: version 2 is current)
-        at_update = stored(cluster)
+        assert bm.update(second) == "2"  # a new version is written on both the same way
+        assert all(f"{name}.v2.skp" in names for names in executor_files(cluster).values())
         got, found = scored(cluster, bm, x, version_col="v")
         assert set(got["v"]) == {"2"}
         np.testing.assert_allclose(found, np.asarray(second(x)), rtol=1e-5, atol=1e-6)
-        assert stored(cluster) - at_update > 1.8 * n  # both executors fetched its chunks
-
-        # unpersist: every chunk broadcast afresh, the old ones destroyed everywhere
-        # (only the driver's blocks of both versions stay); it scores again
-        old = transport.chunks + shipped.chunks
-        bm.unpersist(blocking=True)
-        assert stored(cluster) - before < 2.5 * n
-        assert not any(os.path.exists(c._path) for c in old)
-        assert not {id(c) for c in old} & {id(c) for c in transport.chunks + shipped.chunks}
-        _, found = scored(cluster, bm, x)
-        np.testing.assert_allclose(found, np.asarray(second(x)), rtol=1e-5, atol=1e-6)
+        assert stored(cluster) - before < 0.2 * n
     finally:
         bm.destroy(blocking=True)
-    # destroy: every chunk's blocks, everywhere, and the driver's files of them
-    assert stored(cluster) - before < 0.2 * n
-    assert not any(os.path.exists(c._path) for c in transport.chunks + shipped.chunks)
-
-
-@pytest.mark.slow  # (with the local-cluster of the test above)
-def test_a_plan_made_before_an_update_gets_it_from_the_driver(cluster, small_chunks):
-    model, second = mlp(2), mlp(3)
-    x = np.random.default_rng(2).standard_normal((8, 32)).astype("float32")
-    bm = sk.BroadcastModel(cluster, model)
-    try:
-        df = cluster.createDataFrame([(i, x[i].tolist()) for i in range(len(x))],
-                                     "id long, features array<float>").coalesce(1)
-        planned = bm.transform(df, "features", version_col="v")  # carries version 1 only
-        bm.update(second)
-        at_update = stored(cluster)
-        got = planned.toPandas().sort_values("id")
-        assert set(got["v"]) == {"2"}
-        np.testing.assert_allclose(np.stack(got["prediction"].to_numpy()), np.asarray(second(x)),
-                                   rtol=1e-5, atol=1e-6)
-        # the executor that ran the task fetched the chunks the plan carries (version
-        # 1's), not version 2's
-        assert stored(cluster) - at_update < 1.5 * bm._nbytes
-    finally:
-        bm.destroy(blocking=True)
-
-
-def broadcasts_of(tmp_path, values) -> list:
-    """Real PySpark broadcast objects as a worker sees them: their pickled values in files."""
-    from pyspark import Broadcast
-
-    out = []
-    for number, value in enumerate(values):
-        path = tmp_path / f"broadcast{number}"
-        path.write_bytes(pickle.dumps(value, protocol=4))
-        out.append(Broadcast(path=str(path)))
-    return out
-
-
-def test_the_assembled_chunks_are_refused_unless_they_are_the_driver_s_payload(tmp_path):
-    payload = os.urandom(300_000)
-    parts = [payload[i:i + CHUNK] for i in range(0, len(payload), CHUNK)]
-    digest = hashlib.sha256(payload).hexdigest()
-    served = ServedTransport(None, "m", 1, digest)
-    out = io.BytesIO()
-    ChunkedTransport(None, broadcasts_of(tmp_path, parts), served).write(out)
-    assert out.getvalue() == payload
-    swapped = parts[:]
-    swapped[1], swapped[2] = swapped[2], swapped[1]
-    with pytest.raises(PayloadError, match="from its chunk broadcasts has sha256"):
-        ChunkedTransport(None, broadcasts_of(tmp_path, swapped), served).write(io.BytesIO())
-    with pytest.raises(PayloadError, match="chunk 1 of model m version 1 is a str"):
-        ChunkedTransport(None, broadcasts_of(tmp_path, [parts[0], "x"]), served).write(io.BytesIO())

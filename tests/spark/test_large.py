@@ -20,7 +20,7 @@ from spark_keras.cache import read_build_log
 from spark_keras.executor import driver_payload
 from spark_keras.executor.transport import chunked
 from spark_keras.executor.transport.broadcast import BroadcastTransport
-from spark_keras.executor.transport.chunked import ChunkedTransport
+from spark_keras.executor.transport.served import ServedTransport
 
 MB = 2**20
 
@@ -73,8 +73,8 @@ def test_a_large_model_ships_from_the_driver_file_and_scores_exactly(spark, buil
     bm, peak = allocated_peak(lambda: sk.BroadcastModel(spark, model))
     warm.destroy()
     try:
-        assert isinstance(bm._transport, ChunkedTransport)  # a chunk in memory at a time
-        assert len(bm._transport.chunks) == -(-bm._nbytes // chunked.CHUNK_BYTES)
+        # written on the executor through Spark's block transfer, a chunk in memory at a time
+        assert isinstance(bm._transport, ServedTransport)
         assert bm.key and bm._nbytes > 80 * MB
         assert peak < chunked.CHUNK_BYTES + 8 * MB, \
             f"BroadcastModel allocated {peak / MB:.0f} MB on the driver"
@@ -92,7 +92,6 @@ def test_a_large_model_ships_from_the_driver_file_and_scores_exactly(spark, buil
         label, peak = allocated_peak(lambda: bm.update(second))
         assert label == "2" and peak < chunked.CHUNK_BYTES + 8 * MB, \
             f"update allocated {peak / MB:.0f} MB"
-        assert isinstance(bm._shipped[2], ChunkedTransport)
         got = bm.transform(df, "features", version_col="v").toPandas().sort_values("id")
         assert set(got["v"]) == {"2"}
         found = np.stack(got["prediction"].to_numpy()).astype("float32")
@@ -126,7 +125,7 @@ def test_a_payload_larger_than_the_driver_heap_ships_and_scores_exactly():
     result = large_bench.launch(0.6, "auto", master="local[2]", driver_memory="512m")
     assert "error" not in result, result["error"]
     assert result["driver_heap_mib"] <= 512 < result["weights_gib"] * 1024
-    assert result["transport"] == "ChunkedTransport"
+    assert result["transport"] == "ServedTransport" and result["chunks"] > 64
     assert result["rows"] == 32 and result["exact"], result
     # the driver's private memory while it shipped: no copy of the weights
     grew = result["driver_python_ship_peak_mib"] - result["driver_python_before_mib"]
@@ -139,7 +138,7 @@ def test_a_payload_larger_than_every_heap_crosses_executors():
     result = large_bench.launch(1.2, "auto", master="local-cluster[2,1,1024]",
                                 driver_memory="512m", executor_memory="512m")
     assert "error" not in result, result["error"]
-    assert result["transport"] == "ChunkedTransport"
+    assert result["transport"] == "ServedTransport" and result["chunks"] > 64
     assert result["rows"] == 32 and result["exact"], result
     executors = [p for p in result["processes"] if p["role"] == "executor JVM"]
     assert len(executors) == 2

@@ -3,8 +3,10 @@ module per kind of transport behind the small interface of :mod:`.base`, the kin
 by :func:`transport_for`.
 
 * :mod:`.broadcast` (classic Spark): a Spark broadcast of the payload bytes.
-* :mod:`.chunked` (classic Spark, a payload over 64 MiB): chunks of it, each a Spark
-  broadcast, that executors fetch from each other; the driver sends about one copy.
+* :mod:`.chunked` (classic Spark, a payload over 64 MiB): at ship time, each executor's
+  file of it written through Spark's block transfer, in waves of chunk broadcasts that
+  executors fetch from each other (the driver sends about one copy); the handle's
+  transport is then the driver's copy (:mod:`.served`), for executors that were not there.
 * :mod:`.artifact` (Spark Connect, which has no SparkContext and no broadcast): a session
   artifact, one copy in each executor's session folder.
 * :mod:`.storage` (a model given by URI, classic or Connect): each executor reads it
@@ -26,7 +28,7 @@ from spark_keras.executor.driver_payload import DriverPayload
 from spark_keras.executor.transport.artifact import ArtifactTransport
 from spark_keras.executor.transport.base import Transport
 from spark_keras.executor.transport.broadcast import BroadcastTransport
-from spark_keras.executor.transport.chunked import ChunkedTransport
+from spark_keras.executor.transport.chunked import warm
 from spark_keras.executor.transport.served import ServedTransport
 from spark_keras.executor.transport.storage import StorageTransport
 
@@ -47,8 +49,8 @@ def transport_for(spark: Any, key: str, payload: DriverPayload,
     driver's file with ``ship="driver"``; else as a session artifact (Connect; from the
     driver for the tasks that do not see it); else, on classic Spark, as a broadcast with
     ``ship="broadcast"`` or when the payload is in memory (a small one, see
-    :mod:`spark_keras.executor.driver_payload`), in chunk broadcasts from the driver's
-    file when not (the driver's copy kept for tasks of another SparkContext).
+    :mod:`spark_keras.executor.driver_payload`); when not, from the driver's file, which
+    :func:`.chunked.warm` writes on every executor first (``key``'s file).
 
     ``keep()`` is called exactly when the driver must keep a copy to serve: it keeps the
     payload in the driver's version server (setting ``payload.path``) and gives the
@@ -66,5 +68,5 @@ def transport_for(spark: Any, key: str, payload: DriverPayload,
     served = keep()
     if ship == "auto":
         assert payload.path is not None, "keep() puts the payload in the driver's file"
-        return ChunkedTransport.ship(sc, served, payload.path)
+        warm(sc, payload.path, key, payload.nbytes, served)
     return served

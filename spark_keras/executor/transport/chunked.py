@@ -1,125 +1,200 @@
-"""A large payload as chunks, each a Spark broadcast of bounded size (classic Spark): the
-driver sends each block about once and executors fetch the blocks from each other
-(Spark's TorrentBroadcast, under Spark's own authentication and network encryption),
-while no heap holds more than a chunk's blocks on their way. The first worker of an
-executor that needs the model writes the chunks, in order, into the executor's file,
-refused unless its SHA-256 is the one the driver fixed; every worker maps that file.
+"""A large payload carried to every executor at ship time through Spark's own block
+transfer (classic Spark), so that the driver sends it about once whatever the number of
+executors; each executor's file of it is then written before any task needs it, and the
+handle's transport is the driver's copy (:class:`.ServedTransport`), which executors that
+were not there download when they need it.
 
-A chunk is a ``bytes`` value that PySpark's own broadcast mechanism pickles on the driver
-and unpickles in the worker; nothing else of it is interpreted before the digest check.
-"""
+The payload goes in waves of :data:`WAVE_CHUNKS` chunks, each chunk a PySpark broadcast
+(Spark's TorrentBroadcast: 4 MiB blocks under Spark's authentication and network
+encryption). For a wave, one job whose task on each executor fetches a share of the
+wave's chunks from the driver (the seed), then the driver lets its own blocks of them go,
+then one job whose task on each executor fetches the whole wave, from the executors that
+hold its blocks, and writes it into the executor's partial file; then the wave's
+broadcasts are destroyed. No block manager holds more than a wave, the driver's included,
+and the driver sends each block once (Spark picks a block's source among all its holders
+at random, the driver among them: with the driver's copy kept, it would send about
+1 + 1/2 + ... + 1/n copies for n executors). A last job hashes each executor's partial
+file and publishes it as the executor's payload file only if its SHA-256 is the one the
+driver fixed (:mod:`spark_keras.payload.host_file`).
+
+Any failure (an executor lost between a seed and its wave, a file that cannot be
+written) stops the warm-up, not the ship: executors whose file is not there download it
+from the driver when they first need it, checked against the same digest."""
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+import os
+from typing import Any, Iterator
 
 from spark_keras.errors import PayloadError
-from spark_keras.executor.transport.base import Transport
 from spark_keras.executor.transport.broadcast import _forget_loaded_value
-from spark_keras.executor.transport.executor_file import build_written
+from spark_keras.executor.transport.executor_file import executor_folder
 from spark_keras.executor.transport.served import Hashing, ServedTransport
-from spark_keras.payload.shipment import Shipment
+from spark_keras.payload import host_file
+from spark_keras.private_folder import private_folder
 
 logger = logging.getLogger("spark_keras")
 
 # bytes per chunk: two of Spark's default 4 MiB broadcast blocks (spark.broadcast.blockSize)
-CHUNK_BYTES = 8 * 2**20
+# once pickled, Java-serialized and LZ4-framed (which adds at most 1/255 + 16 bytes); a
+# chunk of exactly 8 MiB took three, the third of a few KiB and a round trip of its own
+CHUNK_BYTES = 8 * 2**20 - 64 * 2**10
+# chunks in the block managers at once: 64 MiB of a 1 GiB heap's ~430 MiB storage memory
+WAVE_CHUNKS = 8
+PART = ".part"
 
 
-def broadcast_chunks(sc: Any, path: str) -> list[Any]:
-    """The file at ``path`` as broadcasts of :data:`CHUNK_BYTES` each, read one chunk at a
-    time (the driver's Python holds one chunk); none is left if one fails."""
-    chunks: list[Any] = []
+def executors(sc: Any) -> int:
+    """The executors apart from the driver (0 in local mode, where the driver's block
+    manager is the only one)."""
+    return max(sc._jsc.sc().getExecutorMemoryStatus().size() - 1, 0)
+
+
+def warm(sc: Any, path: str, key: str, nbytes: int, served: ServedTransport) -> int:
+    """Write ``key``'s file (the payload the driver keeps at ``path``, ``nbytes`` long,
+    ``served``'s digest) on each of ``sc``'s executors through Spark's block transfer;
+    the number of executors whose file was published (0 if the warm-up stopped)."""
+    count, tasks = executors(sc), max(executors(sc), 1)
+    chunks = -(-nbytes // CHUNK_BYTES)
+    blocks = _driver_blocks(sc) if count > 1 else None  # (else nothing to seed)
     try:
         with open(path, "rb") as f:
-            while data := f.read(CHUNK_BYTES):
-                chunks.append(sc.broadcast(data))
-                del data
-    except BaseException:
+            for first in range(0, chunks, WAVE_CHUNKS):
+                _wave(sc, f, first, min(first + WAVE_CHUNKS, chunks), key, tasks, blocks)
+        seal = functools.partial(_seal, key, nbytes, served)
+        landed = sum(_each_executor(sc, tasks, seal))
+    except Exception as exc:  # the executors without the file download it when they need it
+        logger.warning("model %s: the executors' files were not written through Spark's block "
+                       "transfer (%s); executors download it from the driver when they need it",
+                       key, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+        sc.parallelize(range(tasks), tasks).foreach(functools.partial(_drop_part, key))
+        return 0
+    logger.info("model %s: %d chunks of %.1f MB in Spark's block transfer, the file written on "
+                "%d of %d executors", key, chunks, CHUNK_BYTES / 2**20, landed, tasks)
+    return landed
+
+
+def _driver_blocks(sc: Any) -> Any:
+    """The driver's BlockManager (JVM), or None where it cannot be reached (the driver
+    then keeps its blocks of a wave until the wave is written: it sends about
+    1 + 1/2 + ... + 1/n copies for n executors). Read from SparkEnv's field: Py4J cannot
+    call SparkEnv's methods (resolving them loads classes PySpark's JVM lacks)."""
+    try:
+        field = sc._jvm.java.lang.Class.forName("org.apache.spark.SparkEnv") \
+            .getDeclaredField("blockManager")
+        field.setAccessible(True)
+        return field.get(sc._jsc.sc().env())
+    except Exception as exc:
+        logger.info("the driver keeps its blocks of each wave of chunks: %s",
+                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return None
+
+
+def _wave(sc: Any, f: Any, first: int, end: int, key: str, tasks: int, blocks: Any) -> None:
+    """Chunks ``first`` to ``end`` (exclusive) of the payload file ``f`` into every
+    executor's partial file of ``key``, seeded first if the driver's BlockManager
+    ``blocks`` is given; their broadcasts destroyed everywhere after."""
+    wave: list[Any] = []
+    try:
+        for number in range(first, end):  # the driver's Python holds one chunk
+            f.seek(number * CHUNK_BYTES)
+            data = f.read(CHUNK_BYTES)
+            wave.append(sc.broadcast(data))
+            del data
+        if blocks is not None:  # each executor a share from the driver, which lets its blocks go
+            shares = [sc.parallelize([k], 1).mapPartitions(functools.partial(_fetch, wave[k::tasks]))
+                      for k in range(tasks) if wave[k::tasks]]
+            sc.union(shares).collect()
+            for chunk in wave:
+                blocks.removeBroadcast(chunk._jbroadcast.id(), True)
+        write = functools.partial(_write, key, first * CHUNK_BYTES, wave)
+        _each_executor(sc, tasks, write)
+    finally:
+        for chunk in wave:
+            chunk.destroy(blocking=True)
+
+
+def _each_executor(sc: Any, tasks: int, function: Any) -> list[Any]:
+    """``function`` run as ``tasks`` tasks launched together (a barrier stage): with a
+    task per executor and a slot each, one on every executor (tasks of a plain job can
+    all land on the first executor whose slot frees up)."""
+    return sc.parallelize(range(tasks), tasks).barrier().mapPartitions(function).collect()
+
+
+def _fetch(chunks: list[Any], items: Iterator[Any]) -> Iterator[int]:
+    """In a worker: nothing; the executor fetched ``chunks`` before the task began."""
+    _drain(items)
+    return iter(())
+
+
+def _drain(items: Iterator[Any]) -> None:
+    """Read the task's input to its end: PySpark reuses a worker only then (else each
+    wave's job would start workers afresh, and import this package in each)."""
+    for _ in items:
+        pass
+
+
+def _part_path(key: str) -> str | None:
+    folder = executor_folder()
+    return None if folder is None else host_file.path_for(folder, key) + PART
+
+
+def _write(key: str, offset: int, chunks: list[Any], items: Iterator[Any]) -> Iterator[int]:
+    """In a worker: ``chunks`` written one after the other from ``offset`` on in the
+    executor's partial file of ``key`` (its size is the driver's setting)."""
+    _drain(items)
+    part = _part_path(key)
+    if part is None:
+        return iter(())
+    private_folder(os.path.dirname(part))
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
         for chunk in chunks:
-            chunk.destroy()
-        raise
-    return chunks
-
-
-class ChunkedTransport(Transport):
-    """A payload as chunk broadcasts, checked against ``served``'s digest; ``served``
-    (the driver's copy) is also the way in a SparkContext other than the chunks' one."""
-
-    def __init__(self, sc: Any, chunks: list[Any], served: ServedTransport) -> None:
-        self._sc, self.chunks, self.served = sc, chunks, served
-
-    @classmethod
-    def ship(cls, sc: Any, served: ServedTransport, path: str) -> "ChunkedTransport":
-        """The payload the driver keeps at ``path`` (``served``'s) broadcast in chunks."""
-        chunks = broadcast_chunks(sc, path)
-        logger.info("model %s version %d: %d chunk broadcasts", served.name, served.index,
-                    len(chunks))
-        return cls(sc, chunks, served)
-
-    def build(self, recipe: Shipment, key: str, nbytes: int, share_weights: bool) -> tuple:
-        return build_written(recipe, key, nbytes, share_weights, self.write, self.read,
-                             verify=self.served.check_file)
-
-    def write(self, out: Any) -> None:
-        """Write the chunks into ``out`` from its start; raises
-        :class:`~spark_keras.errors.PayloadError` unless the whole is the payload whose
-        digest the driver fixed (``out`` then holds bytes nobody may use)."""
-        out.seek(0)
-        out.truncate()
-        hashing = Hashing(out)
-        for number, chunk in enumerate(self.chunks):
             try:
                 data = chunk.value
                 if not isinstance(data, bytes):
-                    raise PayloadError(f"chunk {number} of model {self.served.name} version "
-                                       f"{self.served.index} is a {type(data).__name__}, not "
-                                       f"bytes: refused, nothing was built from it")
-                hashing.write(data)
+                    raise PayloadError(f"a chunk of {key} at byte {offset} is a "
+                                       f"{type(data).__name__}, not bytes: refused")
+                os.pwrite(fd, data, offset)
+                offset += len(data)
                 del data
             finally:
                 _forget_loaded_value(chunk)  # one chunk in this worker's memory at a time
+    finally:
+        os.close(fd)
+    return iter(())
+
+
+def _seal(key: str, nbytes: int, served: ServedTransport, items: Iterator[Any]) -> Iterator[int]:
+    """In a worker: the executor's partial file of ``key`` published as its payload file
+    if it is the payload whose digest the driver fixed (1), else removed (0)."""
+    _drain(items)
+    part = _part_path(key)
+    if part is None or not os.path.exists(part):
+        return iter([0])
+    folder = os.path.dirname(part)
+
+    def copy(out: Any) -> None:
+        hashing = Hashing(out)
+        with open(part, "rb") as f:
+            while block := f.read(8 * 2**20):
+                hashing.write(block)
         out.flush()
-        self.served.check_digest(hashing.hexdigest(), "from its chunk broadcasts")
+        served.check_digest(hashing.hexdigest(), "from its chunk broadcasts")
 
-    def read(self) -> bytes:
-        import io
+    try:
+        host_file.land(folder, key, nbytes, write=copy, verify=served.check_file)
+    except PayloadError as exc:  # a wave this executor missed: it downloads the payload
+        logger.info("%s", exc)
+        return iter([0])
+    finally:
+        _drop_part(key, None)
+    return iter([1])
 
-        buffer = io.BytesIO()
-        self.write(buffer)
-        return buffer.getvalue()
 
-    def _context_stopped(self) -> bool:
-        return self._sc is not None and self._sc._jsc is None
-
-    def renew(self, blocking: bool) -> None:
-        """Broadcast the chunks afresh (read back one at a time from the driver's files
-        of them) and destroy the old ones, everywhere: executors fetch the new ones
-        only if the model is used again. (Not ``unpersist``: a reused Python worker keeps
-        the path of a chunk it was sent, whose file an unpersist removes.)"""
-        if self._context_stopped():
-            return
-        fresh: list[Any] = []
-        try:
-            for chunk in self.chunks:
-                fresh.append(self._sc.broadcast(chunk.value))
-                _forget_loaded_value(chunk)
-        except BaseException:
-            for chunk in fresh:
-                chunk.destroy()
-            raise
-        old, self.chunks = self.chunks, fresh
-        for chunk in old:
-            chunk.destroy(blocking)
-
-    def destroy(self, blocking: bool) -> None:
-        if not self._context_stopped():  # else they went with their context
-            for chunk in self.chunks:
-                chunk.destroy(blocking)
-
-    def __reduce__(self) -> tuple:
-        if self._context_stopped():  # the chunks went with their context: the driver's copy
-            served = self.served
-            return (ServedTransport, (served.address, served.name, served.index, served.sha256))
-        return (ChunkedTransport, (None, self.chunks, self.served))
+def _drop_part(key: str, _: Any) -> None:
+    part = _part_path(key)
+    if part is not None and os.path.exists(part):
+        os.remove(part)
