@@ -139,6 +139,12 @@ class Outputs:
         writer = frame.write.format(self.format)
         if self.format == "csv":
             writer = writer.option("header", True)
+        if group_col and self.format == "parquet" and not _session_sets(frame, _DICTIONARY):
+            # a wave's files are a group's each, small: parquet-mr tries a dictionary on
+            # every float column chunk up to its page size (1 MiB: 262,144 distinct
+            # floats) before it falls back, hashed then re-encoded; a smaller bound falls
+            # back sooner and keeps a dictionary for columns of few values
+            writer = writer.option(_DICTIONARY, str(DICTIONARY_BYTES))
         columns = ([group_col] if group_col else []) + \
             (list(self.partition_by or []) if partitioned else [])
         if columns:
@@ -163,6 +169,18 @@ class Outputs:
                 assert self.table is not None  # no folder: a table
                 with table_errors(self.table):
                     writer.mode("overwrite" if overwrite else "error").saveAsTable(self.table)
+
+
+_DICTIONARY = "parquet.dictionary.page.size"
+DICTIONARY_BYTES = 64 * 1024  # a wave's parquet dictionaries: up to 16,384 floats
+
+
+def _session_sets(frame: Any, key: str) -> bool:
+    """Whether the session's settings give the Hadoop setting ``key`` (kept then)."""
+    try:
+        return frame.sparkSession.conf.get(f"spark.hadoop.{key}", None) is not None
+    except Exception:  # a setting the session cannot tell: taken as not set
+        return False
 
 
 @contextlib.contextmanager
