@@ -35,13 +35,14 @@ check-java:
 # `make test-slow` runs the cases marked slow (about 30 min), `make test-heavy` those marked heavy too (not in CI), `make test-bench` the benchmark sections at tiny sizes (about 5 min, not in CI).
 # Two pytest workers (pytest-xdist), a module at a time each, each with its own shared
 # session: one driver leaves a core idle while it waits on its JVM and workers.
-# TEST_WORKERS=0 runs it in one process.
+# TEST_WORKERS=0 runs it in one process. The slow set runs the same way (its modules in
+# any order: each pytest worker's JVM starts with no session's settings, tests/conftest.py).
 TEST_WORKERS ?= 2
 test: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 test-slow: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 # The heaviest end-to-end cases (two to four minutes each here: local-cluster with payloads
 # past every heap, SIGKILLed jobs resumed, fresh drivers): not in CI, whose time they would

@@ -2,10 +2,10 @@
 # CI entry point: a clean clone, a fresh machine. `make venv` installs the pinned packages
 # once, `make lint` checks the code (ruff, mypy), `make docs` builds the site; then
 # `make test` (the README's test command: the fast path, on two pytest workers),
-# `make test-slow` (the minutes-long end-to-end cases, @pytest.mark.slow, one process: its
-# modules' own sessions in a fixed order) and `make test-compat` (the PySpark 3.5 leg in
-# its own venv, the tf-keras leg in the main one) run side by side, each into its own log,
-# printed as it ends; any failure fails the run. Local Spark Connect servers all listen on
+# `make test-slow` (the minutes-long end-to-end cases, @pytest.mark.slow, also on two
+# workers) run one after the other, and `make test-compat` (the PySpark 3.5 leg in its own
+# venv, the tf-keras leg in the main one) beside them, each into its own log; any failure
+# fails the run. Local Spark Connect servers all listen on
 # port 15002, so the suites take turns with them (tests/conftest.py: local_connect_server).
 # Times (this 2-core machine): CI took 53 min (2026-12-02), 47.7 (12-04), 81 and failed
 # (12-04 evening), 37 (12-05), 45.6 (12-07, stop 58); a clean clone here side by side that
@@ -26,6 +26,11 @@
 # (was 14m32). The slow set on
 # two workers was tried and left at one: a pytest worker's first module set the JVM's
 # system properties (fixed in conftest), and its end had one worker busy.
+# 2026-12-07 night: the slow set on two pytest workers too (a clean clone's slow set on two
+# workers at load 10-15: 58 min, 120 cases; its longest case, the versions machine's long
+# sequences, 491 s there, now three examples not six), and CI as two streams again: the
+# fast then the slow set, the compatibility legs beside them. CI of stop 59 (three streams,
+# the slow set in one process): 41 min (2481 s).
 # .ci/run only execs this file (a tool that draws the package reads an extensionless
 # .ci/run as the module run.py of the score job).
 set -euo pipefail
@@ -39,18 +44,29 @@ echo "make lint: $(minutes)"
 make docs  # the site, mkdocs build --strict (seconds): a broken link or reference fails the run
 echo "make docs: $(minutes)"
 logs=$(mktemp -d)
-make test > "$logs/test.log" 2>&1 &
-fast=$!
-make test-slow > "$logs/test-slow.log" 2>&1 &
-slow=$!
+# Two streams: the fast and the slow set one after the other, each on two pytest workers
+# that take a module at a time (no long pole of one process at the end: the slowest module
+# ends with its set), and the compatibility legs beside them (at most three pytest
+# processes and their JVMs at once).
+( for name in test test-slow; do
+      status=0
+      make "$name" > "$logs/$name.log" 2>&1 || status=$?
+      echo "$status" > "$logs/$name.status"
+      echo "make $name: exit $status at $(minutes)" > "$logs/$name.time"
+  done ) &
+sets=$!
 make test-compat > "$logs/test-compat.log" 2>&1 &
 compat=$!
 failed=0
-for job in test:$fast test-slow:$slow test-compat:$compat; do
-    name=${job%%:*}
-    status=0
-    wait "${job##*:}" || status=$?
-    echo "=== make $name (exit $status, done at $(minutes)) ==="
+status=0
+wait "$compat" || status=$?
+echo "=== make test-compat (exit $status, done at $(minutes)) ==="
+cat "$logs/test-compat.log"
+test "$status" -eq 0 || failed=1
+wait "$sets" || true
+for name in test test-slow; do
+    status=$(cat "$logs/$name.status" 2>/dev/null || echo 1)
+    echo "=== $(cat "$logs/$name.time" 2>/dev/null || echo "make $name: no status") ==="
     cat "$logs/$name.log"
     test "$status" -eq 0 || failed=1
 done
