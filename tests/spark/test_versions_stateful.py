@@ -89,7 +89,10 @@ _COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 FAST = settings(max_examples=6, stateful_step_count=6, **_COMMON)
 ALIGN = 100  # stage ids an RDD job after a new SparkContext may skip to meet an old pin
-SLOW = settings(max_examples=6, stateful_step_count=10, **_COMMON)  # 10 examples: 6 min under CI load
+# the slow set's sequences: longer than FAST's, a new SparkContext among the steps. Three
+# examples (six took 4-8 min per kind of model under load; ten 6 min under CI load): the
+# new context and the longer sequences are what they add to FAST's six.
+SLOW = settings(max_examples=3, stateful_step_count=10, **_COMMON)
 
 
 # --- versions that say which they are ------------------------------------------------
@@ -173,6 +176,7 @@ class Versions(RuleBasedStateMachine):
     build_log: ClassVar[str] = ""
     folder: ClassVar[str] = ""  # where watched files go
     slow: ClassVar[bool] = False  # a new SparkContext among the steps
+    contexts_started: ClassVar[list[int]] = []  # one entry per new_context, across examples
     kinds: ClassVar[tuple[str, ...]] = KINDS  # the handles shipped
 
     def __init__(self) -> None:
@@ -664,6 +668,7 @@ class Versions(RuleBasedStateMachine):
         with no handle left (destroyed, dropped) the driver's version server closes with
         the context: its thread ended, its port closed."""
         self.restarted = True
+        self.contexts_started.append(1)
         if self.usable() and self.kind != "broadcast":
             self.rdd_action()
         gc.collect()
@@ -758,9 +763,12 @@ def _session(spark: Any) -> Any:
 
 def _run(spark: Any, build_log: str, folder: str, chosen: settings, *,
          kinds: tuple[str, ...] = KINDS, slow: bool = False) -> None:
+    restarts: list[int] = []
     machine = type("Versions", (Versions,), {"spark": spark, "build_log": build_log,
-                                             "folder": folder, "kinds": kinds, "slow": slow})
+                                             "folder": folder, "kinds": kinds, "slow": slow,
+                                             "contexts_started": restarts})
     run_state_machine_as_test(machine, settings=chosen)
+    assert restarts or not slow, "no sequence of the slow set started a new SparkContext"
 
 
 @pytest.mark.timeout(900)  # a failure shrinks for up to 5 minutes (Hypothesis)
