@@ -328,3 +328,22 @@ def test_killed_during_a_waves_job_with_waves_in_flight_and_inside_a_commit_resu
     score(spark, HadoopPaths(spark), parse_args(job_argv(data, reference)))
     assert read_sorted(out) == read_sorted(reference)
     assert read_sorted(out)[0] == list(range(FILES * ROWS))
+
+
+def test_an_input_column_named_like_the_waves_group_column_is_refused(spark, data, tmp_path):
+    """A wave writes each group's index in a hidden column (partitionBy): an input column
+    of that name (any case) was replaced by it, silently lost from the output (a run
+    without --resume keeps it); refused before anything is written."""
+    from spark_keras.jobs.score.trust import GROUP_COL
+
+    folder = tmp_path / "input"
+    folder.mkdir()
+    write_rows(folder / "part-0.parquet", 0, 0)
+    table = pq.read_table(folder / "part-0.parquet")
+    pq.write_table(table.append_column(GROUP_COL.upper(), pa.array(["user"] * ROWS)),
+                   folder / "part-0.parquet")
+    argv = ["--model", str(data / "model.skp"), "--input", str(folder), "--output",
+            str(tmp_path / "out"), "--features", "features", "--resume"]
+    with pytest.raises(JobError, match=f"input has a column '{GROUP_COL}'"):
+        score(spark, HadoopPaths(spark), parse_args(argv))
+    assert not (tmp_path / "out").exists()

@@ -35,6 +35,7 @@ from spark_keras.jobs.score.outputs import Outputs
 from spark_keras.jobs.score.parallel import Jobs
 from spark_keras.jobs.score.progress import Heartbeat, scoring_line
 from spark_keras.jobs.score.session import LOG_LEVEL_ENV, classic_session, connect_session, settings
+from spark_keras.jobs.score.trust import GROUP_COL
 from spark_keras.jobs.score.verdict import check_not_all_invalid
 from spark_keras.spark.figures import reasons_observed
 
@@ -253,6 +254,10 @@ def score(spark: Any, paths: Paths, args: argparse.Namespace) -> dict:
     features = _features(args)
     check_columns(features, args.id_col, df.columns)
     outputs = Outputs.of(args, df.columns)
+    if args.resume and GROUP_COL.lower() in (c.lower() for c in df.columns):
+        raise JobError(f"--resume: the input has a column {GROUP_COL!r}, the name the job "
+                       f"gives each group's index in a wave of groups (its files' folder): "
+                       f"rename it in the input, or run without --resume")
     location = None if args.output_table is None else _table_location(spark, paths, args)
     table = None if args.output_table is None else outputs_.table_folder(spark, args.output_table)
     with path_errors():
