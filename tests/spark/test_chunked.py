@@ -191,3 +191,53 @@ def test_each_executor_has_the_file_at_ship_and_builds_from_it(cluster, build_lo
         assert stored(cluster) - before < 0.2 * n
     finally:
         bm.destroy(blocking=True)
+
+
+def test_a_ship_gives_up_the_warm_up_while_other_jobs_hold_the_slots(spark, small_chunks,
+                                                                      monkeypatch):
+    """Another thread's job holds both slots of local[2] (a streaming query could, for
+    ever): the warm-up's barrier job waits for them, so the ship gives it up after
+    STALL_SECONDS (lowered to 2 here; it waited as long as the other job ran), leaves no
+    partial file, and the executor builds from the driver's copy once it has a slot."""
+    import threading
+    import time
+
+    from spark_keras.executor.transport import slot_wait
+
+    monkeypatch.setattr(slot_wait, "STALL_SECONDS", 2.0)
+    sc = spark.sparkContext
+    x = np.random.default_rng(5).standard_normal((8, 32)).astype("float32")
+
+    def busy() -> None:
+        sc.setJobGroup("test-busy", "holds every slot", True)
+        try:
+            sc.parallelize(range(2), 2).foreach(lambda _: __import__("time").sleep(90))
+        except Exception:
+            pass  # cancelled below
+
+    holder = threading.Thread(target=busy, daemon=True)
+    holder.start()
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + 60
+    while sum(tracker.getStageInfo(s).numActiveTasks for s in tracker.getActiveStageIds()
+              if tracker.getStageInfo(s)) < 2:
+        assert time.monotonic() < deadline, "the busy job never held both slots"
+        time.sleep(0.2)
+    started = time.monotonic()
+    try:
+        bm = sk.BroadcastModel(spark, mlp(6))
+        shipped = time.monotonic() - started
+    finally:
+        sc.cancelJobGroup("test-busy")
+        holder.join(60)
+    try:
+        assert shipped < 45, f"the ship waited {shipped:.0f} s for the other job's slots"
+        deadline = time.monotonic() + 30  # the warm-up's clean-up runs once a slot frees
+        while any(f.endswith(".part") for names in executor_files(spark, 2).values()
+                  for f in names):
+            assert time.monotonic() < deadline, executor_files(spark, 2)
+            time.sleep(0.5)
+        _, found = scored(spark, bm, x)
+        np.testing.assert_allclose(found, np.asarray(mlp(6)(x)), rtol=1e-5, atol=1e-6)
+    finally:
+        bm.destroy(blocking=True)

@@ -32,6 +32,7 @@ from spark_keras.errors import PayloadError
 from spark_keras.executor.transport.broadcast import _forget_loaded_value
 from spark_keras.executor.transport.executor_file import executor_folder
 from spark_keras.executor.transport.served import Hashing, ServedTransport
+from spark_keras.executor.transport.slot_wait import run_unless_stalled
 from spark_keras.payload import host_file
 from spark_keras.private_folder import private_folder
 
@@ -55,7 +56,13 @@ def executors(sc: Any) -> int:
 def warm(sc: Any, path: str, key: str, nbytes: int, served: ServedTransport) -> int:
     """Write ``key``'s file (the payload the driver keeps at ``path``, ``nbytes`` long,
     ``served``'s digest) on each of ``sc``'s executors through Spark's block transfer;
-    the number of executors whose file was published (0 if the warm-up stopped)."""
+    the number of executors whose file was published (0 if the warm-up stopped, or gave
+    up waiting for task slots other jobs hold: :mod:`.slot_wait`)."""
+    return run_unless_stalled(sc, functools.partial(_warm, sc, path, key, nbytes, served), 0,
+                              f"model {key}: the executors' files at ship")
+
+
+def _warm(sc: Any, path: str, key: str, nbytes: int, served: ServedTransport) -> int:
     count, tasks = executors(sc), max(executors(sc), 1)
     chunks = -(-nbytes // CHUNK_BYTES)
     blocks = _driver_blocks(sc) if count > 1 else None  # (else nothing to seed)
