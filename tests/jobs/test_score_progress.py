@@ -51,7 +51,7 @@ def test_a_plain_runs_line_gives_rows_rows_per_second_and_an_eta():
 def test_the_rows_of_a_running_query_are_its_python_nodes_output_rows(spark, tmp_path):
     """Four partitions of 1,000 rows through ``mapInArrow``, the last held until told:
     the running query has returned 3,000 rows (what the progress lines count); none once
-    it ended."""
+    it ended (once Spark's listener bus has told its status store)."""
     import os
     import threading
 
@@ -80,4 +80,9 @@ def test_the_rows_of_a_running_query_are_its_python_nodes_output_rows(spark, tmp
     finally:
         open(gate, "w").close()
         thread.join()
+    # the execution's end reaches the status store through Spark's listener bus, after
+    # the write returned (under load, seconds later)
+    deadline = time.monotonic() + 30
+    while scored_rows(store) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert scored_rows(store) == 0
