@@ -30,7 +30,9 @@
 # workers at load 10-15: 58 min, 120 cases; its longest case, the versions machine's long
 # sequences, 491 s there, now three examples not six), and CI as two streams again: the
 # fast then the slow set, the compatibility legs beside them. CI of stop 59 (three streams,
-# the slow set in one process): 41 min (2481 s).
+# the slow set in one process): 41 min (2481 s). This layout on a clean clone here beside an
+# attacker's scripts (load 3-13): 47 min (make test 22 with the compat legs beside it, then
+# the slow set 24m25 on two workers, 119 cases).
 # .ci/run only execs this file (a tool that draws the package reads an extensionless
 # .ci/run as the module run.py of the score job).
 set -euo pipefail
