@@ -63,7 +63,8 @@ def warm(sc: Any, path: str, key: str, nbytes: int, served: ServedTransport) -> 
 
 
 def _warm(sc: Any, path: str, key: str, nbytes: int, served: ServedTransport) -> int:
-    count, tasks = executors(sc), max(executors(sc), 1)
+    count = executors(sc)
+    tasks = max(count, 1)
     chunks = -(-nbytes // CHUNK_BYTES)
     blocks = _driver_blocks(sc) if count > 1 else None  # (else nothing to seed)
     try:
