@@ -9,8 +9,10 @@ Legs (see docs/guide/deploying.md, "Support matrix"):
   ``make venv`` builds with tf-keras installed: the leg runs there (no second venv).
 
 Every other leg installs the package in its own venv with the pins of
-``constraints.txt``, except the pins the leg replaces. Venvs are reused while
-``setup.cfg``/``constraints.txt`` are unchanged.
+``constraints.txt``, except the pins the leg replaces; an overlay leg (``spark35-keras3``)
+installs only its pins (and what they require that the main venv lacks) in a venv that
+sees the main venv's packages after its own: seconds, not a second TensorFlow. Venvs are
+reused while ``setup.cfg``/``constraints.txt`` are unchanged.
 Usage: ``python compat/matrix.py [--setup-only] [leg ...] [pytest options]`` (a later
 ``-m`` replaces the default ``-m "not slow"``); exits
 non-zero if any leg fails (a leg whose tests were all skipped, or that ran no test,
@@ -40,6 +42,9 @@ class Leg:
     tests: list[str]
     env: dict[str, str] = field(default_factory=dict)
     no_deps: list[str] = field(default_factory=list)  # installed without dependencies
+    # over the main venv: a venv of the pins alone (and the exact versions they require),
+    # the main venv's packages after them on sys.path (no second TensorFlow to install)
+    overlay: bool = False
 
 
 # The legs run the fast cases of the modules where the PySpark or Keras version changes
@@ -47,7 +52,7 @@ class Leg:
 # cloudpickle by value); the minutes-long end-to-end cases (@pytest.mark.slow),
 # local-cluster, reliability and shared-file cases run on the main leg only.
 LEGS = [
-    Leg("spark35-keras3", ".venv-spark35", {"pyspark": "3.5.9"}, "test",
+    Leg("spark35-keras3", ".venv-spark35", {"pyspark": "3.5.9"}, "test", overlay=True, tests=
         # what PySpark 3.5 does its own way: the pandas-UDF fallback and Vectors
         # (test_spark_inputs), mapInArrow for every transform, the daemon's hooks into
         # pyspark.daemon, ML params and persistence. The engine's readers (text, images,
@@ -94,8 +99,14 @@ def ensure_venv(leg: Leg) -> str:
     wanted = constraints_text + repr((leg.extras, leg.no_deps)) + setup_cfg
     if os.path.exists(stamp) and _read(stamp) == wanted:
         return python
-    if not os.path.exists(python):
-        _run([sys.executable, "-m", "venv", venv])
+    if not os.path.exists(python):  # an overlay on the main venv's Python (its minor version)
+        base = os.path.join(ROOT, MAIN_VENV, "bin", "python") if leg.overlay else sys.executable
+        _run([base, "-m", "venv", venv])
+    if leg.overlay:
+        _overlay(leg, python)
+        with open(stamp, "w") as f:
+            f.write(wanted)
+        return python
     constraints = os.path.join(venv, "constraints.txt")
     with open(constraints, "w") as f:
         f.write(constraints_text)
@@ -106,6 +117,42 @@ def ensure_venv(leg: Leg) -> str:
     with open(stamp, "w") as f:
         f.write(wanted)
     return python
+
+
+# The main venv's site-packages, added after the overlay's own (its .pth files processed:
+# the editable install of this package among them)
+_SITE = "import site, sysconfig; print(sysconfig.get_paths()['purelib'])"
+# the requirements of a distribution that the packages found do not meet (markers
+# evaluated without extras), as ``name<specifier>`` for pip
+_UNMET = ("import importlib.metadata as m, sys\n"
+          "from packaging.requirements import Requirement\n"
+          "for line in m.requires(sys.argv[1]) or []:\n"
+          "    r = Requirement(line)\n"
+          "    if r.marker is not None and not r.marker.evaluate({'extra': ''}): continue\n"
+          "    try: found = m.version(r.name)\n"
+          "    except m.PackageNotFoundError: found = None\n"
+          "    if found is None or not r.specifier.contains(found, prereleases=True):\n"
+          "        print(f'{r.name}{r.specifier}')\n")
+
+
+def _overlay(leg: Leg, python: str) -> None:
+    """The leg's pins installed without dependencies in its venv, then what they require
+    that the main venv's packages (after them on sys.path) do not meet."""
+    main_python = os.path.join(ROOT, MAIN_VENV, "bin", "python")
+    if not os.path.exists(main_python):
+        raise SystemExit(f"leg {leg.name} lays over {MAIN_VENV}: build it first (make venv)")
+    main_site = subprocess.run([main_python, "-c", _SITE], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    own_site = subprocess.run([python, "-c", _SITE], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    with open(os.path.join(own_site, "_main_venv.pth"), "w") as f:
+        f.write(f"import site; site.addsitedir({main_site!r})\n")
+    pins = [f"{name}=={version}" for name, version in leg.pins.items()]
+    _run([python, "-m", "pip", "install", "--quiet", "--no-deps", *pins])
+    unmet = [line for name in leg.pins for line in subprocess.run(
+        [python, "-c", _UNMET, name], capture_output=True, text=True, check=True).stdout.split()]
+    if unmet:
+        _run([python, "-m", "pip", "install", "--quiet", "--no-deps", *unmet])
 
 
 def _read(path: str) -> str:
