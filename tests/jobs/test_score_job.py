@@ -107,10 +107,13 @@ def test_score_csv_with_format_overwriting_old_output(files):
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
 
 
-@pytest.mark.slow  # a whole spark-submit job: about 50 s
-def test_score_parquet_with_null_policy_keeps_every_row(files):
+@pytest.mark.slow  # a whole job: about 30 s
+def test_score_parquet_with_null_policy_keeps_every_row_and_prints_its_own_lines_only(files):
     """Invalid rows get a null prediction, also in a file (its own partition and Arrow
-    batch) where every row is invalid; the row count never changes."""
+    batch) where every row is invalid; the row count never changes. Run as ``spark-keras
+    score`` runs it (``python jobs/score.py``, no spark-submit): no JVM start-up lines,
+    log4j WARNs or progress bars on a success: stdout is the SCORED line, stderr is
+    empty, and the JVM's log file is gone."""
     folder, model, x = files
     source = folder / "holes"
     source.mkdir()
@@ -126,14 +129,16 @@ def test_score_parquet_with_null_policy_keeps_every_row(files):
     job_tmp.mkdir()
     events = folder / "holes-events"  # Spark's event log: the settings the executors got
     events.mkdir()
-    proc = submit("--model", str(folder / "model.keras"), "--input", str(source),
-                  "--output", str(out), "--features", "features", "--on-invalid", "null",
-                  "--version-col", "model_version", "--model-version", "2026-12-03",
-                  TMPDIR=str(job_tmp),
-                  SPARK_SUBMIT_OPTS=f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} "
-                                    f"-Dspark.eventLog.enabled=true -Dspark.eventLog.compress="
-                                    f"false -Dspark.eventLog.dir=file://{events}")
+    proc = run_score_job("--model", str(folder / "model.keras"), "--input", str(source),
+                         "--output", str(out), "--features", "features", "--on-invalid", "null",
+                         "--version-col", "model_version", "--model-version", "2026-12-03",
+                         "--master", "local[2]", "--conf", "spark.eventLog.enabled=true",
+                         "--conf", "spark.eventLog.compress=false",
+                         "--conf", f"spark.eventLog.dir=file://{events}", TMPDIR=str(job_tmp))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stderr == "", proc.stderr
+    assert [line[:7] for line in proc.stdout.splitlines()] == ["SCORED "], proc.stdout
+    assert not list(job_tmp.glob("spark-keras-score-*.log"))
     figures = summary(proc)
     assert figures["rows"] == 48 and figures["invalid_rows"] == 8
     assert_built_once_per_worker(figures)  # observed by the query, not read from a folder:
@@ -254,20 +259,6 @@ def test_a_bad_master_or_setting_is_one_line_naming_it(files, case, tmp_path):
         log = re.search(r"\(Spark's own output: (\S+)\)$", lines[-1])[1]
         assert os.path.dirname(log) == str(tmp_path)
         assert "log4j" in open(log).read()
-
-
-@pytest.mark.slow  # a whole job: about 30 s
-def test_a_job_that_succeeds_prints_its_own_lines_only(files, tmp_path):
-    """No JVM start-up lines, log4j WARNs or progress bars on a success: stdout is the
-    SCORED line, stderr is empty, and the JVM's log file is gone."""
-    folder, _, _ = files
-    proc = run_score_job("--model", str(folder / "model.skp"), "--input", str(folder / "in.parquet"),
-                         "--output", str(tmp_path / "out"), "--features", "features",
-                         "--master", "local[1]", TMPDIR=str(tmp_path))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert proc.stderr == "", proc.stderr
-    assert [line[:7] for line in proc.stdout.splitlines()] == ["SCORED "], proc.stdout
-    assert not list(tmp_path.glob("spark-keras-score-*.log"))
 
 
 @pytest.mark.slow  # a whole job whose executors fail: about a minute
