@@ -300,15 +300,17 @@ def start_job(*args: str, log) -> subprocess.Popen:
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.mark.slow  # three whole jobs and a refused one: several minutes on 2 busy cores
+@pytest.mark.slow  # a whole job killed, three runs on the shared session: a minute or two
 @pytest.mark.timeout(1500)
 def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, data, tmp_path,
                                                                          caplog):
     """SIGKILL of the driver once a group is committed; ``--resume`` scores the rest only
-    and the output equals an uninterrupted run's, bit for bit, each row once. Meanwhile a
-    reader sees the committed groups whole. Progress: a line per commit with --progress
-    (the uninterrupted run, through the job's Python entry point on this module's
-    session; the killed and the resumed runs are the command's own drivers)."""
+    and the output equals an uninterrupted run's, bit for bit, each row once, without a
+    warning. Meanwhile a reader sees the committed groups whole. Progress: a line per
+    commit with --progress. The killed run is the command's own driver; the uninterrupted,
+    the resumed and the refused runs go through the job's Python entry point on this
+    module's session (a job's own process and its quiet SCORED line: test_score_job; a
+    resumable run's: test_score_lease; a refused resume's one line: test_score_early)."""
     source = tmp_path / "in"
     shutil.copytree(data / "flat", source)
     one_file = os.path.getsize(source / "part-0.parquet")
@@ -355,9 +357,12 @@ def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, 
         assert len(seen) == sum(r["rows"] for r in records)
 
     metrics = tmp_path / "metrics.json"
-    resumed = run_score_job(*common, "--output", str(out), "--metrics-json", str(metrics))
-    assert resumed.returncode == 0 and resumed.stderr == "", resumed.stderr[-3000:]
+    caplog.clear()
+    resumed = score(spark, HadoopPaths(spark), parse_args(
+        [*common[2:], "--output", str(out), "--metrics-json", str(metrics)]))
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     figures = json.loads(metrics.read_text())
+    assert figures == resumed
     assert figures["rows_skipped"] == ROWS * figures["groups_skipped"] >= ROWS * len(records)
     assert figures["rows"] == ROWS * figures["groups"] == 6 * ROWS - figures["rows_skipped"]
     assert figures["done"] is True and figures["groups_total"] == 6
@@ -368,11 +373,9 @@ def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, 
 
     stat = os.stat(source / "part-4.parquet")  # touched: refused, exit 2, one line
     os.utime(source / "part-4.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    refused = run_score_job(*common, "--output", str(out))
-    lines = (refused.stdout + refused.stderr).splitlines()
-    assert refused.returncode == 2 and len(lines) == 1, lines
-    assert re.match(rf"score\.py: error: cannot resume '{re.escape(str(out))}': input file "
-                    rf"'.*/part-4\.parquet' changed \(size \d+ -> \d+ bytes, modified ", lines[0])
+    line = refusal(spark, parse_args([*common[2:], "--output", str(out)]))
+    assert re.match(rf"cannot resume '{re.escape(str(out))}': input file "
+                    rf"'.*/part-4\.parquet' changed \(size \d+ -> \d+ bytes, modified ", line), line
 
 
 # --- progress lines --------------------------------------------------------------------------
