@@ -348,21 +348,35 @@ ENV_SCRIPT = textwrap.dedent('''
     out = sk.BroadcastModel(spark, model).transform(df, "f").orderBy("id").toPandas()
     np.testing.assert_allclose(np.stack(out["prediction"]), model(x).numpy(), atol=1e-5)
     print("ENV-OK")
+    if len(sys.argv) > 2:  # then a second SparkContext in this driver, with these settings
+        spark.stop()
+        builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+        for key, value in json.loads(sys.argv[2]).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        try:
+            sk.BroadcastModel(spark, model)
+        except sk.SparkKerasError as exc:
+            print("REFUSED", exc)
 ''')
 
 
-def _run_env_job(folder, confs: dict) -> list:
+def _run_env_job(folder, confs: dict, then: dict | None = None) -> tuple[list, str]:
+    """The job's workers (prefix, spark_keras's file) and its output; ``then``: the
+    settings of a second SparkContext the driver starts after the first one stopped
+    (its JVM kept: no second driver to start), which ships the model again."""
     script = folder / "job.py"
     script.write_text(ENV_SCRIPT)
     # a driver started by python (not spark-submit) takes the workers' Python from PYSPARK_PYTHON
     env = dict(os.environ, PYSPARK_PYTHON=confs["spark.pyspark.python"], PYSPARK_DRIVER_PYTHON=PYTHON,
                TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([PYTHON, str(script), json.dumps(confs)], cwd=folder, env=env,
+    args = [json.dumps(confs)] + ([json.dumps(then)] if then is not None else [])
+    proc = subprocess.run([PYTHON, str(script), *args], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0 and "ENV-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("WORKERS "))
-    return json.loads(line[len("WORKERS "):])
+    return json.loads(line[len("WORKERS "):]), proc.stdout + proc.stderr[-3000:]
 
 
 def _bare_venv(path) -> str:
@@ -391,7 +405,7 @@ def test_a_packed_environment_shipped_with_spark_archives(installed, tmp_path):
     archive = tmp_path / "env.tar.gz"
     subprocess.run([os.path.join(os.path.dirname(PYTHON), "venv-pack"), "-p", env, "-o", str(archive)],
                    check=True, timeout=300, capture_output=True)
-    workers = _run_env_job(tmp_path, {
+    workers, _ = _run_env_job(tmp_path, {
         "spark.archives": f"{archive}#environment",
         "spark.pyspark.python": "./environment/bin/python",
         "spark.executorEnv.PYTHONPATH": _deps_path(),  # TensorFlow, PySpark: the executors' image
@@ -407,24 +421,14 @@ def test_py_files_with_the_stock_daemon_and_a_clear_error_with_the_preloading_on
     env = _bare_venv(tmp_path / "bare")
     confs = {"spark.submit.pyFiles": zipped, "spark.pyspark.python": f"{env}/bin/python",
              "spark.executorEnv.PYTHONPATH": _deps_path()}
-    workers = _run_env_job(tmp_path, confs)
+    # the same driver then starts a SparkContext with spark_keras's daemon beside the zip
+    # (the workers' Python has the package: only the driver's check can refuse it)
+    then = {"spark.submit.pyFiles": zipped, "spark.pyspark.python": PYTHON,
+            "spark.python.daemon.module": "spark_keras.executor.daemon"}
+    workers, output = _run_env_job(tmp_path, confs, then)
     assert all(prefix == env and "spark_keras.zip" in module for prefix, module in workers), workers
-    script = tmp_path / "refused.py"
-    script.write_text(textwrap.dedent(f'''
-        import keras, spark_keras as sk
-        from pyspark.sql import SparkSession
-        spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-                 .config("spark.submit.pyFiles", {zipped!r})
-                 .config("spark.python.daemon.module", "spark_keras.executor.daemon").getOrCreate())
-        try:
-            sk.BroadcastModel(spark, keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
-        except sk.SparkKerasError as exc:
-            print("REFUSED", exc)
-    '''))
-    proc = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYSPARK_PYTHON=PYTHON, TF_CPP_MIN_LOG_LEVEL="2"))
     assert "REFUSED spark.python.daemon.module=spark_keras.executor.daemon, but spark_keras reaches the " \
-           "executors through --py-files" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+           "executors through --py-files" in output, output
 
 
 # --- a real standalone cluster (docs/guide/deploying.md) -----------------------------------
