@@ -1,8 +1,8 @@
 """The score job and the user's own layers (issue 55, items 1 and 2): ``--import MODULE``
 (a module name, a ``.py`` file or a package folder, shipped to the executors), the short
 line for a class no module registers, ``--unsafe-deserialization`` for ``Lambda`` layers,
-and the installed ``spark-keras score`` scoring such a model from another working folder,
-classic ``local[2]`` and ``--remote local[2]``."""
+and the installed ``spark-keras score`` scoring such a model from another working folder
+with relative paths, classic ``local[2]`` and ``--remote local[2]``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from spark_keras.jobs.score.errors import USAGE, JobError, outcome
 from spark_keras.jobs.score.imports import explain_load_failure, import_modules, registered_objects
 from spark_keras.payload.stored import load_keras
 from tests.conftest import local_connect_server
+from tests.jobs.test_score_job import assert_built_once_per_worker, summary
 
 LAYERS = textwrap.dedent('''
     import keras
@@ -194,7 +195,11 @@ def test_the_installed_command_scores_custom_and_lambda_layers_from_another_fold
     """A model with a registered custom layer (its module in a folder of its own, not on
     any path) and a Lambda layer, scored by the installed ``spark-keras score`` run from
     another working folder with ``--import`` (a .py file classic, a package folder on
-    Connect) and ``--unsafe-deserialization``: the predictions are the model's."""
+    Connect) and ``--unsafe-deserialization``, every path relative to that folder (on
+    ``--remote local[2]`` the server and the client must agree on what they mean), over
+    an old output (``--overwrite``): the predictions are the model's, the SCORED figures
+    say one build per worker (observed through the Connect server too), and no build log
+    or staging folder is left."""
     name = f"sk55_{where}_layers"
     layers = _module(tmp_path / "src", name, package=where == "connect")
     keras.utils.set_random_seed(5)
@@ -204,23 +209,37 @@ def test_the_installed_command_scores_custom_and_lambda_layers_from_another_fold
     x = np.random.default_rng(5).standard_normal((64, 4)).astype("float32")
     pd.DataFrame({"id": np.arange(64), "features": list(x)}).to_parquet(tmp_path / "in.parquet",
                                                                        index=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    pd.DataFrame({"stale": [7, 8, 9]}).to_parquet(out / "part-old.parquet", index=False)
     module = tmp_path / "src" / (name if where == "connect" else f"{name}.py")
-    (tmp_path / "elsewhere").mkdir()
+    elsewhere, job_tmp = tmp_path / "elsewhere", tmp_path / "job-tmp"  # the job's temporary folders
+    elsewhere.mkdir()
+    job_tmp.mkdir()
+    before = set(os.listdir(tmp_path))
     command = os.path.join(os.path.dirname(sys.executable), "spark-keras")
-    argv = [command, "score", "--model", str(tmp_path / "model.keras"), "--input",
-            str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--features",
-            "features", "--import", os.path.relpath(module, tmp_path / "elsewhere"),
+    argv = [command, "score", "--model", "../model.keras", "--input", "../in.parquet",
+            "--output", "../out", "--features", "features", "--batch-size", "16",
+            "--overwrite", "--import", os.path.relpath(module, elsewhere),
             "--unsafe-deserialization",
             *(["--remote", "local[2]"] if where == "connect" else ["--master", "local[2]"])]
     env = {k: v for k, v in os.environ.items()
            if k not in ("SPARK_REMOTE", "SPARK_KERAS_BUILD_LOG", "PYTHONPATH")}
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TF_CPP_MIN_LOG_LEVEL="2")
+               TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(job_tmp))
     with local_connect_server() if where == "connect" else contextlib.nullcontext():
-        proc = subprocess.run(argv, cwd=tmp_path / "elsewhere", env=env, capture_output=True,
+        proc = subprocess.run(argv, cwd=elsewhere, env=env, capture_output=True,
                               text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--unsafe-deserialization: the model's Lambda layers run their Python code" in proc.stderr
-    scored = pd.read_parquet(tmp_path / "out").sort_values("id")
+    figures = summary(proc)
+    assert figures["rows"] == 64 and figures["invalid_rows"] == 0
+    assert_built_once_per_worker(figures)
+    assert not list(job_tmp.glob("spark_keras_builds_*"))  # no build log folder
+    assert set(os.listdir(tmp_path)) == before  # no staging folder left
+    assert not (out / "part-old.parquet").exists()
+    scored = pd.read_parquet(out).sort_values("id")  # only the new data
+    assert list(scored.columns) == ["id", "features", "prediction"]
+    assert scored["id"].tolist() == list(range(64))
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()),
                                model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)

@@ -295,33 +295,8 @@ def needs_connect() -> None:
         pytest.skip(f"PySpark {pyspark.__version__} has no local Spark Connect server")
 
 
-@pytest.mark.slow  # a whole job or driver of its own, or a cluster: 40-50 s
-def test_connect_scores_relative_paths_like_the_model_overwriting_old_output(files):
-    """``--remote local[2]``, run from the data folder with relative paths: the server
-    and the client must agree on what they mean."""
-    needs_connect()
-    folder, model, x = files
-    out = folder / "connect-scored"
-    out.mkdir()
-    pd.DataFrame({"stale": [7, 8, 9]}).to_parquet(out / "part-old.parquet", index=False)
-    job_tmp = folder / "connect-tmp"  # the job's temporary folders
-    job_tmp.mkdir()
-    before = set(os.listdir(folder))
-    proc = run_score_job("--remote", "local[2]", "--model", "model.skp", "--input", "in.parquet",
-                         "--output", "connect-scored", "--features", "features",
-                         "--batch-size", "64", "--overwrite", cwd=folder,
-                         TMPDIR=str(job_tmp))
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    figures = summary(proc)
-    assert figures["rows"] == 250 and figures["invalid_rows"] == 0
-    assert_built_once_per_worker(figures)  # observed through the Connect server
-    assert not [p.name for p in job_tmp.glob("spark_keras_builds_*")]  # no build log folder
-    assert set(os.listdir(folder)) == before  # no staging folder left
-    assert not (out / "part-old.parquet").exists()
-    scored = pd.read_parquet(out).sort_values("id")  # only the new data
-    assert list(scored.columns) == ["id", "features", "name", "prediction"]
-    assert scored["id"].tolist() == list(range(250))
-    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
+# A successful Connect job (``--remote local[2]`` from another folder, relative paths, over
+# an old output): test_score_imports, with the user's own layers.
 
 
 @pytest.mark.parametrize("case", ["output exists", "missing input", "master and remote", "bad row"])
