@@ -53,8 +53,8 @@ test-heavy: check-java $(STAMP)
 test-bench: check-java $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m bench $(PYTEST_ARGS)
 
-# Compatibility legs, reported as a matrix: PySpark 3.5 + Keras 3 (the Spark suite, in its
-# own venv, .venv-spark35), PySpark 4.3 + tf-keras (this venv, which has tf-keras installed,
+# Compatibility legs, reported as a matrix: PySpark 3.5 + Keras 3 (the Spark suite, in
+# .venv-spark35: PySpark 3.5 laid over this venv's packages), PySpark 4.3 + tf-keras (this venv, which has tf-keras installed,
 # with TF_USE_LEGACY_KERAS=1).
 # One leg: make test-compat COMPAT_ARGS=spark43-tfkeras
 test-compat: check-java $(STAMP)
