@@ -39,17 +39,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 minutes() { echo "$(( (SECONDS - start) / 60 )) min"; }
-make venv
+# the lint and docs extras installed before any test starts: each install re-installs this
+# package (editable), which must not happen under a running test's imports
+make venv "${VENV:-.venv}/.lint-installed" "${VENV:-.venv}/.docs-installed"
 echo "make venv: $(minutes)"
-make lint  # ruff and mypy, quick: a finding fails the run before the tests start
-echo "make lint: $(minutes)"
-make docs  # the site, mkdocs build --strict (seconds): a broken link or reference fails the run
-echo "make docs: $(minutes)"
 logs=$(mktemp -d)
 # Two streams: the fast and the slow set one after the other, each on two pytest workers
 # that take a module at a time (no long pole of one process at the end: the slowest module
-# ends with its set), and the compatibility legs beside them (at most three pytest
-# processes and their JVMs at once).
+# ends with its set), and beside them `make lint` (ruff and mypy), `make docs` (the site,
+# mkdocs build --strict) and the compatibility legs, one after the other (at most three
+# pytest processes and their JVMs at once). A finding of lint or docs fails the run.
 ( for name in test test-slow; do
       status=0
       make "$name" > "$logs/$name.log" 2>&1 || status=$?
@@ -57,13 +56,19 @@ logs=$(mktemp -d)
       echo "make $name: exit $status at $(minutes)" > "$logs/$name.time"
   done ) &
 sets=$!
-make test-compat > "$logs/test-compat.log" 2>&1 &
-compat=$!
+( status=0
+  for name in lint docs test-compat; do
+      make "$name" > "$logs/$name.log" 2>&1 || { status=$?; echo "make $name: exit $status"; }
+      echo "make $name: done at $(minutes)"
+  done > "$logs/beside.log"
+  exit "$status" ) &
+beside=$!
 failed=0
 status=0
-wait "$compat" || status=$?
-echo "=== make test-compat (exit $status, done at $(minutes)) ==="
-cat "$logs/test-compat.log"
+wait "$beside" || status=$?
+echo "=== make lint, docs, test-compat (exit $status) ==="
+cat "$logs/beside.log"
+for name in lint docs test-compat; do cat "$logs/$name.log" 2>/dev/null; done
 test "$status" -eq 0 || failed=1
 wait "$sets" || true
 for name in test test-slow; do
