@@ -16,6 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_keras as sk
+from spark_keras.jobs.score.errors import outcome
+from spark_keras.jobs.score.files import HadoopPaths
+from spark_keras.jobs.score.main import parse_args
+from spark_keras.jobs.score.run import score
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
 from tests.conftest import submit_score_job as submit
@@ -209,9 +213,11 @@ def failing_args(folder, case: str, prefix: str) -> list[str]:
 
 # The answers given before Spark starts (a missing input or model, a file that is no model,
 # an output that exists, a column the input lacks) are each checked without a JVM in
-# test_score_early; one of them goes through spark-submit here, beside two a Spark job gives.
-@pytest.mark.parametrize("case", ["unknown feature", "bad data", "bad row"])
-@pytest.mark.slow  # one spark-submit per case: about a minute in all
+# test_score_early; one of them goes through spark-submit here, beside a worker's failure
+# (the job's one line after Spark started and ran tasks). A refusal on the driver once Spark
+# read the input: the next case.
+@pytest.mark.parametrize("case", ["unknown feature", "bad row"])
+@pytest.mark.slow  # one spark-submit per case: about 40 s in all
 def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     folder, _, _ = files
     expected, status = FAILURES[case]
@@ -226,6 +232,20 @@ def test_score_job_failures_are_one_line_and_leave_nothing(files, case):
     stream = proc.stdout if errors[0] in proc.stdout else proc.stderr
     assert stream.splitlines()[-1] == errors[0]  # the last line says what failed
     assert len(output.splitlines()) <= 12, output  # no Spark log lines, no traceback
+    assert set(os.listdir(folder)) == before  # no partial output, no staging folder
+
+
+def test_a_column_spark_reads_as_another_type_is_one_line_and_leaves_nothing(spark, files):
+    """"bad data": refused on the driver once Spark read the input's schema, through the
+    job's Python entry point on the module's session (a failure's process, its one last
+    line and its quiet output: the spark-submit cases above)."""
+    folder, _, _ = files
+    expected, status = FAILURES["bad data"]
+    before = set(os.listdir(folder))
+    with pytest.raises(Exception) as caught:
+        score(spark, HadoopPaths(spark), parse_args(failing_args(folder, "bad data", "out")))
+    line, found = outcome(caught.value)
+    assert found == status and expected in line and "\n" not in line, line
     assert set(os.listdir(folder)) == before  # no partial output, no staging folder
 
 
