@@ -22,7 +22,7 @@ from tests import models
 from tests.conftest import DAEMON, daemon_reports, make_spark, preloaded_daemons
 from tests.executor import test_daemon as daemon_tests
 
-# a local-cluster[2,2,1024] with fake GPUs of its own: about 75 s in all
+# a local-cluster[1,2,1024] with fake GPUs of its own: about 75 s in all
 pytestmark = pytest.mark.slow
 
 ROWS = 64
@@ -33,8 +33,10 @@ def cluster(build_log, tmp_path_factory):
     script = tmp_path_factory.mktemp("gpus") / "discover_gpus.sh"
     script.write_text("#!/bin/sh\necho '{\"name\": \"gpu\", \"addresses\": [\"0\", \"1\"]}'\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    # 2 executors x 2 cores x 2 fake GPUs: every task of the default profile gets one GPU
-    session = make_spark("local-cluster[2,2,1024]", build_log, **{
+    # an executor of 2 cores and 2 fake GPUs: every task of the default profile gets one
+    # GPU (the two tasks running at once, each its own); a second executor would only
+    # repeat it (and cost its JVM and its daemon's preload)
+    session = make_spark("local-cluster[1,2,1024]", build_log, **{
         "spark.executor.memory": "1g",
         "spark.worker.resource.gpu.amount": "2",
         "spark.worker.resource.gpu.discoveryScript": str(script),
