@@ -2,7 +2,7 @@
 (a module name, a ``.py`` file or a package folder, shipped to the executors), the short
 line for a class no module registers, ``--unsafe-deserialization`` for ``Lambda`` layers,
 and the installed ``spark-keras score`` scoring such a model from another working folder
-with relative paths, classic ``local[2]`` and ``--remote local[2]``."""
+with relative paths on ``--remote local[2]`` (classic ``local[2]``: test_score_job)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from spark_keras.jobs.score.errors import USAGE, JobError, outcome
 from spark_keras.jobs.score.imports import explain_load_failure, import_modules, registered_objects
 from spark_keras.payload.stored import load_keras
 from tests.conftest import local_connect_server
-from tests.jobs.test_score_job import assert_built_once_per_worker, summary
+from tests.jobs.scored_line import assert_built_once_per_worker, summary
 
 LAYERS = textwrap.dedent('''
     import keras
@@ -188,18 +188,18 @@ def test_a_module_the_executors_cannot_import_is_a_line_naming_import():
                     "package folder), or install it there")
 
 
-@pytest.mark.slow  # two whole jobs (a JVM, a Connect server): 1-2 minutes each here
-@pytest.mark.parametrize("where", ["classic", "connect"])
+@pytest.mark.slow  # a whole job on a Connect server of its own: 1-2 minutes here
+@pytest.mark.parametrize("where", ["connect"])  # classic: test_score_job's null-policy job
 def test_the_installed_command_scores_custom_and_lambda_layers_from_another_folder(
         tmp_path, where):
     """A model with a registered custom layer (its module in a folder of its own, not on
     any path) and a Lambda layer, scored by the installed ``spark-keras score`` run from
-    another working folder with ``--import`` (a .py file classic, a package folder on
-    Connect) and ``--unsafe-deserialization``, every path relative to that folder (on
-    ``--remote local[2]`` the server and the client must agree on what they mean), over
-    an old output (``--overwrite``): the predictions are the model's, the SCORED figures
-    say one build per worker (observed through the Connect server too), and no build log
-    or staging folder is left."""
+    another working folder with ``--import`` (a package folder; a .py file on classic:
+    test_score_job) and ``--unsafe-deserialization``, every path relative to that folder
+    (on ``--remote local[2]`` the server and the client must agree on what they mean),
+    over an old output (``--overwrite``): the predictions are the model's, the SCORED
+    figures say one build per worker (observed through the Connect server), and no build
+    log or staging folder is left."""
     name = f"sk55_{where}_layers"
     layers = _module(tmp_path / "src", name, package=where == "connect")
     keras.utils.set_random_seed(5)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 
+import keras
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +24,8 @@ from spark_keras.jobs.score.run import score
 from tests import models
 from tests.conftest import REPO_ROOT, run_score_job
 from tests.conftest import submit_score_job as submit
+from tests.jobs.scored_line import assert_built_once_per_worker, summary
+from tests.jobs.test_score_imports import _module
 
 FEATURES = [f"f{i}" for i in range(6)]
 
@@ -49,22 +52,6 @@ def files(tmp_path_factory):
 def write_features(path, ids, rows) -> None:
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
                              "features": pa.array(rows, pa.list_(pa.float32()))}), path)
-
-
-def summary(proc) -> dict:
-    """The figures of the job's one SCORED line."""
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("SCORED ")]
-    assert len(lines) == 1, (proc.stdout + proc.stderr)[-3000:]
-    found = re.fullmatch(r"SCORED rows=(\d+) invalid_rows=(\d+) seconds=\S+ rows_per_second=\S+ "
-                         r"model_builds=(\d+) build_seconds=(\S+) wall_seconds=\S+", lines[0])
-    assert found, lines[0]
-    return {"rows": int(found[1]), "invalid_rows": int(found[2]),
-            "model_builds": int(found[3]), "build_seconds": float(found[4])}
-
-
-def assert_built_once_per_worker(figures: dict) -> None:
-    # local[2]: one or two Python workers, each built the model once, while the query ran
-    assert 1 <= figures["model_builds"] <= 2 and figures["build_seconds"] > 0, figures
 
 
 def executor_settings(event_log) -> dict:
@@ -115,10 +102,20 @@ def test_score_csv_with_format_overwriting_old_output(files):
 def test_score_parquet_with_null_policy_keeps_every_row_and_prints_its_own_lines_only(files):
     """Invalid rows get a null prediction, also in a file (its own partition and Arrow
     batch) where every row is invalid; the row count never changes. Run as ``spark-keras
-    score`` runs it (``python jobs/score.py``, no spark-submit): no JVM start-up lines,
-    log4j WARNs or progress bars on a success: stdout is the SCORED line, stderr is
-    empty, and the JVM's log file is gone."""
-    folder, model, x = files
+    score`` runs it (``python jobs/score.py``, no spark-submit) from another working
+    folder, on a model of the user's own layers: a registered class from a ``.py`` file
+    on no path (``--import``, shipped to the executors) and a ``Lambda``
+    (``--unsafe-deserialization``). It prints its own lines only: no JVM start-up lines,
+    log4j WARNs or progress bars; stdout is the SCORED line, stderr the warning
+    ``--unsafe-deserialization`` gives, and the JVM's log file is gone."""
+    folder, _, x = files
+    layers = _module(folder / "src", "sk55_classic_layers")
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((6,)), layers.GatedResidual(6),
+                              keras.layers.Lambda(lambda t: t * 2.0), keras.layers.Dense(3)])
+    model.save(folder / "custom.keras")
+    elsewhere = folder / "elsewhere"
+    elsewhere.mkdir()
     source = folder / "holes"
     source.mkdir()
     good = list(x[:40])
@@ -133,14 +130,19 @@ def test_score_parquet_with_null_policy_keeps_every_row_and_prints_its_own_lines
     job_tmp.mkdir()
     events = folder / "holes-events"  # Spark's event log: the settings the executors got
     events.mkdir()
-    proc = run_score_job("--model", str(folder / "model.keras"), "--input", str(source),
+    proc = run_score_job("--model", str(folder / "custom.keras"), "--input", str(source),
                          "--output", str(out), "--features", "features", "--on-invalid", "null",
                          "--version-col", "model_version", "--model-version", "2026-12-03",
+                         "--import", "../src/sk55_classic_layers.py", "--unsafe-deserialization",
                          "--master", "local[2]", "--conf", "spark.eventLog.enabled=true",
                          "--conf", "spark.eventLog.compress=false",
-                         "--conf", f"spark.eventLog.dir=file://{events}", TMPDIR=str(job_tmp))
+                         "--conf", f"spark.eventLog.dir=file://{events}", cwd=elsewhere,
+                         TMPDIR=str(job_tmp))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert proc.stderr == "", proc.stderr
+    warned = proc.stderr.splitlines()
+    assert len(warned) == 1 and warned[0].endswith(
+        " WARNING --unsafe-deserialization: the model's Lambda layers run their Python code on "
+        "the driver and every executor; use it only for model files you trust"), proc.stderr
     assert [line[:7] for line in proc.stdout.splitlines()] == ["SCORED "], proc.stdout
     assert not list(job_tmp.glob("spark-keras-score-*.log"))
     figures = summary(proc)
@@ -154,7 +156,7 @@ def test_score_parquet_with_null_policy_keeps_every_row_and_prints_its_own_lines
     assert scored["prediction"].isna().tolist() == invalid.tolist()
     assert set(scored["model_version"]) == {"2026-12-03"}  # every row, invalid ones too
     np.testing.assert_allclose(np.stack(scored["prediction"][~invalid].to_numpy()),
-                               np.asarray(model(np.stack(good))), atol=1e-5)
+                               model.predict(np.stack(good), verbose=0), rtol=1e-5, atol=1e-5)
     # the all-invalid file really was scored on its own (one output part holds it alone)
     parts = [pd.read_parquet(p) for p in sorted(out.glob("part-*.parquet"))]
     assert sorted(p["id"].tolist() for p in parts) == [list(range(42)), list(range(1000, 1006))]
