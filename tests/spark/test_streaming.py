@@ -196,7 +196,9 @@ def test_stopped_mid_stream_then_restarted_writes_every_row_once(spark, tmp_path
 # --- 3, 4. a long stream: one build per worker, flat worker memory ------------------------
 
 LONG_WARMUP_FILES = 6
-LONG_FILES = 30
+# a model kept per micro-batch adds its weights LONG_FILES times, against a bound of once:
+# ten batches show it tenfold (thirty showed nothing more, and cost 20 more batches)
+LONG_FILES = 10
 
 
 def worker_memory_kb(pid: int) -> dict[str, int]:
@@ -214,7 +216,7 @@ def worker_memory_kb(pid: int) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def long_stream(spark, build_log, tmp_path_factory):
-    """One query over 36 one-file micro-batches of a 17 MB model, measured at rest after
+    """One query over 16 one-file micro-batches of a 17 MB model, measured at rest after
     6 batches (warm) and at the end; workers found in the build log (builders of the key)."""
     folder = str(tmp_path_factory.mktemp("long-stream"))
     model = models.mlp(n_features=64, hidden=65_536, outputs=1)  # 4.3M weights
@@ -249,11 +251,11 @@ def test_long_stream_builds_once_per_worker(long_stream, build_log):
 
 @pytest.mark.slow  # shares the long stream above
 def test_long_stream_does_not_grow_worker_memory(long_stream):
-    """30 micro-batches after a 6-batch warm-up add less than one copy of the weights to
+    """10 micro-batches after a 6-batch warm-up add less than one copy of the weights to
     the workers' RSS, summed over the workers that scored. A model kept per micro-batch
-    adds its weights 30 times, copied or mapped afresh from the payload file (a worker
-    made to keep one extra model per micro-batch grew by about 500 MB here; PSS would not
-    see a second mapping of the same file, RSS does)."""
+    adds its weights 10 times, copied or mapped afresh from the payload file (a worker
+    made to keep one extra model per micro-batch grew by about 500 MB over 30 batches
+    here; PSS would not see a second mapping of the same file, RSS does)."""
     bm, before, after = long_stream["bm"], long_stream["before"], long_stream["after"]
     assert before, "no worker built the model"
     growth = {pid: (after[pid]["Rss"] - before[pid]["Rss"]) / 1024 for pid in before}
