@@ -41,7 +41,7 @@ def small_chunks(monkeypatch):
     """Payloads over 64 KiB take the large path, in 64 KiB chunks."""
     monkeypatch.setattr(driver_payload, "LARGE_PAYLOAD", CHUNK)
     monkeypatch.setattr(chunked, "CHUNK_BYTES", CHUNK)
-    monkeypatch.setattr(chunked, "WAVE_CHUNKS", 4)  # 17 chunks: five waves
+    monkeypatch.setattr(chunked, "WAVE_CHUNKS", 8)  # 17 chunks: three waves (8, 8, 1)
 
 
 @pytest.fixture(scope="module")
