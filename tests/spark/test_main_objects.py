@@ -28,7 +28,9 @@ DRIVER = textwrap.dedent('''
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.pyspark.python", sys.executable).getOrCreate())
     x = np.random.default_rng(0).standard_normal((40, 4)).astype("float32")
-    df = spark.createDataFrame([(i, x[i].tolist()) for i in range(40)], "id long, f array<float>").repartition(4)
+    # one partition: one Python worker unpickles the classes (a second did the same, at
+    # the cost of its TensorFlow import)
+    df = spark.createDataFrame([(i, x[i].tolist()) for i in range(40)], "id long, f array<float>").coalesce(1)
     bm = sk.BroadcastModel(spark, model)      # no custom_objects: found in the model
     out = bm.transform(df, "f").toPandas().sort_values("id")
     np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
@@ -37,7 +39,7 @@ DRIVER = textwrap.dedent('''
         return np.stack([np.array(t.split(","), "float32") for t in batch["csv"]])
 
     text = spark.createDataFrame([(i, ",".join(map(str, x[i].tolist()))) for i in range(40)],
-                                 "id long, csv string").repartition(4)
+                                 "id long, csv string").coalesce(1)
     pre = sk.BroadcastModel(spark, model, preprocess=parse)
     out = pre.transform(text, "csv").toPandas().sort_values("id")
     np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), np.asarray(model(x)), atol=1e-5)
