@@ -282,9 +282,13 @@ with open(os.path.join(os.environ["PROBE_OUT"], f"worker-{os.getpid()}.json"), "
 
 @pytest.mark.slow
 def test_installed_job_scores_through_spark_submit(installed, payload):
-    """spark-submit of the installed job's file, as the docs' "Deploying" says: the driver
-    and the Python workers import spark_keras from the installed copy, not the checkout."""
+    """spark-submit of the installed job's file with conf/spark-defaults.conf, as the
+    docs' "Deploying" says: the driver and the Python workers import spark_keras from the
+    installed copy, not the checkout. And quiet (the `make demo` path, whose jobs/score.py
+    wraps this job): the driver imports TensorFlow, so does each executor's preloading
+    worker daemon, and neither prints TensorFlow's start-up lines (tests/test_quiet.py)."""
     import spark_keras as sk
+    from tests.test_quiet import noise
 
     site, cwd = installed["site"], installed["cwd"]
     x = np.random.default_rng(5).standard_normal((120, 4)).astype("float32")
@@ -300,6 +304,7 @@ def test_installed_job_scores_through_spark_submit(installed, payload):
     assert job.startswith(site + os.sep), job
     workers_path = f"{site}{os.pathsep}{probe_dir}"
     cmd = [os.path.join(BIN, "spark-submit"), "--master", "local[2]",
+           "--properties-file", os.path.join(REPO_ROOT, "conf", "spark-defaults.conf"),
            "--conf", "spark.ui.enabled=false",
            "--conf", f"spark.pyspark.python={PYTHON}",
            "--conf", f"spark.executorEnv.PYTHONPATH={workers_path}",
@@ -312,6 +317,9 @@ def test_installed_job_scores_through_spark_submit(installed, payload):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert any(line.startswith("SCORED rows=120 ") for line in proc.stdout.splitlines()), output[-3000:]
+    assert "using the stock PySpark daemon" not in output, output[-4000:]
+    assert noise(output) == [], output[-4000:]
+    assert "py4j" not in output  # the job logs spark_keras's INFO lines, not py4j's
     workers = [json.loads(p.read_text()) for p in probe_out.glob("worker-*.json")]
     assert workers, output[-3000:]
     assert all(w["spark_keras"].startswith(site + os.sep) for w in workers), workers

@@ -20,13 +20,11 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from spark_keras import flavour
 from spark_keras.quiet import ABSL_BANNER
-from tests.conftest import REPO_ROOT, submit_score_job
+from tests.conftest import REPO_ROOT
 
 AUTOGRAPH_NOISE = ("Unable to locate the source code", "could not get source code",
                    "AutoGraph could not transform")
@@ -205,23 +203,10 @@ def test_startup_filter_passes_on_a_fatal_line_when_the_process_aborts(tmp_path)
     assert "an ERROR line" in proc.stderr and "an INFO line" not in proc.stderr
 
 
-@pytest.mark.slow  # a whole spark-submit run
-def test_score_job_prints_no_tensorflow_startup_lines(tmp_path):
-    # the `make demo` path: spark-submit jobs/score.py with conf/spark-defaults.conf; the
-    # driver imports TensorFlow, so does each executor's preloading worker daemon
-    keras = flavour.current().module
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    model.save(tmp_path / "model.keras")
-    x = np.random.default_rng(0).standard_normal((40, 4)).astype("float32")
-    pd.DataFrame({"id": np.arange(40), "f": list(x)}).to_parquet(tmp_path / "in.parquet")
-    proc = submit_score_job("--model", str(tmp_path / "model.keras"), "--input",
-                            str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
-                            "--features", "f", TF_CPP_MIN_LOG_LEVEL="2")
-    output = proc.stdout + proc.stderr  # spark-submit merges the driver's stderr into stdout
-    assert proc.returncode == 0 and "SCORED rows=40" in proc.stdout, output[-4000:]
-    assert "using the stock PySpark daemon" not in output, output[-4000:]
-    assert noise(output) == [], output[-4000:]
-    assert "py4j" not in output  # the job logs spark_keras's INFO lines, not py4j's
+# The score job through spark-submit with conf/spark-defaults.conf (the `make demo` path):
+# no TensorFlow start-up lines from its driver or its executors' preloading daemons, no
+# stock daemon, no py4j lines; asserted on the installed job's run in tests/test_packaging.py
+# (test_installed_job_scores_through_spark_submit), one spark-submit for both.
 
 
 def test_a_worker_building_many_models_is_not_warned_of_retracing(caplog):
