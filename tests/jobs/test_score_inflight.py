@@ -6,6 +6,7 @@ budget across commits and across the runs that resume the job (issue 55, item 6)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -295,14 +296,17 @@ def killed_run(moment: str, argv: list[str], log, ready=None) -> None:
 @pytest.mark.slow  # three drivers killed, each its own Spark: about two minutes
 @pytest.mark.timeout(900)
 def test_killed_during_a_waves_job_with_waves_in_flight_and_inside_a_commit_resumes(
-        spark, data, tmp_path):
+        spark, data, tmp_path, caplog):
     """Default settings (waves of groups, two in flight). A driver SIGKILLed while its first
     wave's Spark job writes (nothing committed), the rerun SIGKILLed with waves in flight
     (a group committed, a wave's files written or being written), the next inside a commit
-    (its file renamed, its record not written), a last rerun: the output equals an uninterrupted run's,
-    bit for bit, each row once, and the last rerun scored only what was not committed."""
+    (its file renamed, its record not written); after each kill a reader sees the
+    committed groups whole, each row once. A last rerun (the job's Python entry point on
+    the module's session) scores only what was not committed, without a warning, and the
+    output equals an uninterrupted run's, bit for bit, each row once."""
     out = tmp_path / "out"
     argv = job_argv(data, out)
+    log_folder = out / "_spark_keras" / "commits"
 
     def writing() -> bool:  # a wave's Spark job under way (its writer set up), none committed
         return not records(out) and any(out.glob("_staging-w*/_temporary"))
@@ -320,10 +324,21 @@ def test_killed_during_a_waves_job_with_waves_in_flight_and_inside_a_commit_resu
             (tmp_path / "job.log").read_text()[-3000:]
         if ready is writing:
             assert not found
+            continue
+        committed = sum(r["rows"] for r in found.values())  # what a reader sees meanwhile
+        seen = spark.read.parquet(str(out)).select("id").toPandas()["id"]
+        assert seen.is_unique and len(seen) >= committed
+        if not list(log_folder.glob("*.moving.json")):  # not killed amid a group's renames
+            assert len(seen) == committed
     assert found, "no group committed before the last kill"
-    summary = score(spark, HadoopPaths(spark), parse_args(argv))
+    metrics = tmp_path / "metrics.json"
+    caplog.clear()
+    summary = score(spark, HadoopPaths(spark), parse_args(argv + ["--metrics-json", str(metrics)]))
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert json.loads(metrics.read_text()) == summary
     assert summary["rows_skipped"] == ROWS * summary["groups_skipped"] >= ROWS * len(found)
-    assert summary["rows"] + summary["rows_skipped"] == FILES * ROWS
+    assert summary["rows"] == ROWS * summary["groups"] == FILES * ROWS - summary["rows_skipped"]
+    assert summary["done"] is True and summary["groups_total"] == FILES
     reference = tmp_path / "reference"
     score(spark, HadoopPaths(spark), parse_args(job_argv(data, reference)))
     assert read_sorted(out) == read_sorted(reference)

@@ -1,7 +1,8 @@
 """The score job's ``--resume`` (issue 46): output written in commits, a rerun scoring only
 what is not committed, refusals naming what changed, and progress per commit. Fast cases
-run the job's Python entry point (``score_run.score``) in the shared session; the slow
-ones run the job as a process and kill its driver with SIGKILL."""
+run the job's Python entry point (``score_run.score``) in the shared session; the slow one
+runs the job on a local Spark Connect server. The job killed with SIGKILL (after a commit,
+and at other moments) and resumed: test_score_inflight."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -29,7 +27,7 @@ from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.manifest import difference, list_input, plan_groups
 from spark_keras.jobs.score.run import score
 from tests import models
-from tests.conftest import REPO_ROOT, run_score_job
+from tests.conftest import run_score_job
 
 ROWS = 300  # per input file
 
@@ -275,107 +273,8 @@ def test_overwrite_starts_a_resumable_output_over(spark, data, committed, tmp_pa
     assert frame["id"].tolist() == list(range(6 * ROWS))
 
 
-# --- the job as a process, killed -----------------------------------------------------------------
-
-def alive_in_group(group: int) -> list[int]:
-    """The processes of process group ``group`` that are not zombies."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(int(pid))
-    return found
-
-
-def start_job(*args: str, log) -> subprocess.Popen:
-    """``python jobs/score.py ARGS`` as run_score_job runs it, in a session of its own."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_KERAS_BUILD_LOG")}
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "jobs", "score.py"), *args],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-@pytest.mark.slow  # a whole job killed, three runs on the shared session: a minute or two
-@pytest.mark.timeout(1500)
-def test_a_job_killed_after_a_commit_resumes_to_the_uninterrupted_output(spark, data, tmp_path,
-                                                                         caplog):
-    """SIGKILL of the driver once a group is committed; ``--resume`` scores the rest only
-    and the output equals an uninterrupted run's, bit for bit, each row once, without a
-    warning. Meanwhile a reader sees the committed groups whole. Progress: a line per
-    commit with --progress. The killed run is the command's own driver; the uninterrupted,
-    the resumed and the refused runs go through the job's Python entry point on this
-    module's session (a job's own process and its quiet SCORED line: test_score_job; a
-    resumable run's: test_score_lease; a refused resume's one line: test_score_early)."""
-    source = tmp_path / "in"
-    shutil.copytree(data / "flat", source)
-    one_file = os.path.getsize(source / "part-0.parquet")
-    common = ["--master", "local[2]", "--model", str(data / "model.skp"), "--input",
-              str(source), "--features", "features", "--resume",
-              "--commit-bytes", str(one_file + 10)]
-    caplog.set_level(logging.INFO, logger="spark_keras.jobs.score")
-    reference = score(spark, HadoopPaths(spark), parse_args(
-        [*common[2:], "--output", str(tmp_path / "reference"), "--progress"]))
-    assert (reference["rows_skipped"], reference["groups"], reference["groups_skipped"]) == \
-        (0, 6, 0), reference
-    lines = [line for line in progress_lines(caplog)
-             if not BEAT.search(line)]  # the beats while groups are scored: not timed here
-    assert lines[0] == f"scoring 6 group(s), {6 * one_file / 1024:.1f} KiB of input into " \
-                       f"'{tmp_path / 'reference'}'", lines
-    assert [re.sub(r", [\d.,k]+ rows/s, ETA \d\d:\d\d:\d\d$", "", line) for line in lines[1:7]] \
-        == [f"committed {i} of 6 groups, {i * ROWS:,} rows (0 invalid)" for i in range(1, 7)], \
-        lines
-    assert lines[6].endswith("ETA 00:00:00") and lines[7].startswith("scored 1800 rows"), lines
-
-    out = tmp_path / "out"
-    log = out / "_spark_keras" / "commits"
-    with open(tmp_path / "killed.log", "wb") as output:
-        job = start_job(*common, "--output", str(out), log=output)
-        try:
-            deadline = time.monotonic() + 240
-            while not [p for p in log.glob("g*.json") if ".moving" not in p.name]:
-                assert job.poll() is None and time.monotonic() < deadline, \
-                    (tmp_path / "killed.log").read_text()[-3000:]
-                time.sleep(0.05)
-            os.kill(job.pid, signal.SIGKILL)  # the driver: its JVM and workers follow it
-            job.wait()
-            deadline = time.monotonic() + 60
-            while alive_in_group(job.pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-        finally:
-            for pid in alive_in_group(job.pid):  # only if they outlived the minute
-                os.kill(pid, signal.SIGKILL)
-    records = [json.loads(p.read_text()) for p in log.glob("g*.json") if ".moving" not in p.name]
-    assert 1 <= len(records) < 6, records  # killed mid-job
-    seen = spark.read.parquet(str(out)).select("id").toPandas()["id"]
-    assert seen.is_unique and len(seen) >= sum(r["rows"] for r in records)
-    if not list(log.glob("*.moving.json")):  # not killed amid a group's renames
-        assert len(seen) == sum(r["rows"] for r in records)
-
-    metrics = tmp_path / "metrics.json"
-    caplog.clear()
-    resumed = score(spark, HadoopPaths(spark), parse_args(
-        [*common[2:], "--output", str(out), "--metrics-json", str(metrics)]))
-    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    figures = json.loads(metrics.read_text())
-    assert figures == resumed
-    assert figures["rows_skipped"] == ROWS * figures["groups_skipped"] >= ROWS * len(records)
-    assert figures["rows"] == ROWS * figures["groups"] == 6 * ROWS - figures["rows_skipped"]
-    assert figures["done"] is True and figures["groups_total"] == 6
-    (expected, bits), (found, again) = read_sorted(spark, tmp_path / "reference"), \
-        read_sorted(spark, out)
-    assert found["id"].tolist() == expected["id"].tolist() == list(range(6 * ROWS))
-    assert again.view(np.uint32).tolist() == bits.view(np.uint32).tolist()
-
-    stat = os.stat(source / "part-4.parquet")  # touched: refused, exit 2, one line
-    os.utime(source / "part-4.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    line = refusal(spark, parse_args([*common[2:], "--output", str(out)]))
-    assert re.match(rf"cannot resume '{re.escape(str(out))}': input file "
-                    rf"'.*/part-4\.parquet' changed \(size \d+ -> \d+ bytes, modified ", line), line
+# --- the job as a process, killed: test_score_inflight (SIGKILLs at several moments, a
+# reader meanwhile, the rerun's figures and output against an uninterrupted run's) ----------
 
 
 # --- progress lines --------------------------------------------------------------------------
@@ -437,6 +336,12 @@ def test_progress_lines_say_how_far_the_job_is(spark, data, tmp_path, caplog):
     groups = json.loads((tmp_path / "resumable" / "_spark_keras" / "manifest.json")
                         .read_text())["groups"]
     assert len(groups) >= 3, groups
+    kib = sum(os.path.getsize(p) for p in (data / "flat").glob("*.parquet")) / 1024
+    told = [line for line in lines if not BEAT.search(line)]  # the start, each commit, the end
+    assert told[0] == f"scoring {len(groups)} group(s), {kib:.1f} KiB of input into " \
+                      f"'{tmp_path / 'resumable'}'", told
+    assert told[len(groups)].endswith("ETA 00:00:00"), told
+    assert told[len(groups) + 1].startswith(f"scored {6 * ROWS} rows"), told
     commit_lines = [line for line in lines if not BEAT.search(line) and line.startswith("committed")]
     assert [re.sub(r", [\d.,k]+ rows/s, ETA (\d\d:\d\d:\d\d|unknown)$", "", line)
             for line in commit_lines] == \
