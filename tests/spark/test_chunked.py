@@ -199,7 +199,7 @@ def test_each_executor_has_the_file_at_ship_and_builds_from_it(cluster, build_lo
 def test_a_ship_gives_up_the_warm_up_while_other_jobs_hold_the_slots(spark, small_chunks,
                                                                       monkeypatch):
     """Another thread's job holds both slots of local[2] (a streaming query could, for
-    ever): the warm-up's barrier job waits for them, so the ship gives it up after
+    ever): the warm-up's job waits for them, so the ship gives it up after
     STALL_SECONDS (lowered to 2 here; it waited as long as the other job ran), leaves no
     partial file, and the executor builds from the driver's copy once it has a slot."""
     import threading
@@ -244,3 +244,49 @@ def test_a_ship_gives_up_the_warm_up_while_other_jobs_hold_the_slots(spark, smal
         np.testing.assert_allclose(found, np.asarray(mlp(6)(x)), rtol=1e-5, atol=1e-6)
     finally:
         bm.destroy(blocking=True)
+
+
+def test_a_partial_file_is_published_as_written_and_a_replaced_one_is_read_back(tmp_path):
+    """In a worker (no Spark needed): the partial file this process wrote from its first
+    byte on, wave after wave, is renamed into place on its running digest (not read
+    back); one replaced by name after it was written is read back and refused, and so
+    is one whose waves another process wrote, unless it is the payload."""
+    from spark_keras.errors import PayloadError
+    from spark_keras.executor.transport import partial_file
+    from spark_keras.private_folder import private_folder
+
+    folder = str(tmp_path / "payloads")
+    private_folder(folder)
+    payload = os.urandom(5 * CHUNK + 123)
+    chunks = [payload[i:i + CHUNK] for i in range(0, len(payload), CHUNK)]
+    served = ServedTransport(None, "m", 1, hashlib.sha256(payload).hexdigest())
+
+    def waves(key: str, forget_between: bool = False) -> str:
+        part = host_file.path_for(folder, key) + chunked.PART
+        for first in range(0, len(chunks), 2):
+            partial_file.write(part, key, first * CHUNK, chunks[first:first + 2])
+            if forget_between:  # the next wave's task ran in another worker
+                partial_file.forget(key)
+        return part
+
+    part = waves("as-written")
+    written = host_file.identity(part)
+    partial_file.publish(part, "as-written", len(payload), served)
+    published = host_file.path_for(folder, "as-written")
+    assert host_file.identity(published) == written and not os.path.exists(part)
+    with open(published, "rb") as f:
+        assert f.read() == payload
+
+    part = waves("replaced")
+    os.remove(part)  # another payload of the same size under the partial file's name
+    with open(part, "wb") as f:
+        f.write(os.urandom(len(payload)))
+    with pytest.raises(PayloadError, match="not .*the digest the driver fixed"):
+        partial_file.publish(part, "replaced", len(payload), served)
+    assert not os.path.exists(host_file.path_for(folder, "replaced"))
+    partial_file.forget("replaced")
+
+    part = waves("split", forget_between=True)  # read back, and the payload: published
+    partial_file.publish(part, "split", len(payload), served)
+    with open(host_file.path_for(folder, "split"), "rb") as f:
+        assert f.read() == payload

@@ -1,9 +1,9 @@
 """The driver's side of the ship-time warm-up's Spark jobs: run in a job group of their
 own, in a thread, and given up when they wait for task slots too long.
 
-The warm-up's barrier jobs need a slot on every executor at once: while another job
-holds the slots (a long job in another thread, a streaming query that never ends) they
-would wait as long as it runs, and ``BroadcastModel(...)`` or ``update()`` with them. A
+The warm-up's jobs need a slot on every executor: while another job holds the slots
+(a long job in another thread, a streaming query that never ends) they would wait as
+long as it runs, and ``BroadcastModel(...)`` or ``update()`` with them. A
 job of the group that has started no task and finished none for :data:`STALL_SECONDS`
 is cancelled (the group's jobs, not the user's); the warm-up then stops as on any failure
 (executors download the payload from the driver when they need it), and its clean-up
