@@ -154,6 +154,42 @@ def test_waves_of_groups_are_fewer_spark_jobs_each_group_committed_as_written(
     assert read_sorted(out)[0] == list(range(FILES * ROWS))
 
 
+class WatchingPaths(HadoopPaths):
+    """The job's own path layer, which at the first commit's record (``gN.moving.json``, of
+    whichever wave was written first) waits up to a minute for a Spark job of 4 tasks to
+    be submitted: the third wave's (4 groups of a file, sized once a wave has shown the
+    run's pace)."""
+
+    def __init__(self, spark, before: set) -> None:
+        super().__init__(spark)
+        self.tracker, self.before, self.queued = spark.sparkContext.statusTracker(), before, None
+
+    def _tasks(self, job: int) -> int:
+        info = self.tracker.getJobInfo(job)
+        stages = [self.tracker.getStageInfo(s) for s in (info.stageIds if info else [])]
+        return sum(s.numTasks for s in stages if s is not None)
+
+    def move(self, src: str, dst: str) -> None:
+        super().move(src, dst)
+        if dst.endswith(".moving.json") and self.queued is None:
+            deadline = time.monotonic() + 60
+            while self.queued is None or (not self.queued and time.monotonic() < deadline):
+                new = set(self.tracker.getJobIdsForGroup()) - self.before
+                self.queued = any(self._tasks(job) == 4 for job in new)
+                time.sleep(0.05)
+
+
+def test_the_next_wave_is_queued_before_the_last_ones_groups_are_committed(
+        spark, data, tmp_path):
+    """Default settings (8 groups of a file, waves of 2, 2 then 4 on local[2]): when the
+    first of them is written, the third is built and its Spark job submitted before the
+    written wave's groups are committed, so the slots do not wait on the driver's commits."""
+    tracker = spark.sparkContext.statusTracker()
+    paths = WatchingPaths(spark, set(tracker.getJobIdsForGroup()))
+    summary = score(spark, paths, parse_args(job_argv(data, tmp_path / "out")))
+    assert summary["groups"] == FILES and paths.queued is True
+
+
 class StallingPaths(HadoopPaths):
     """The job's own path layer, stalled once right after a commit record of group 2
     (``g00002.moving.json``) lands: a driver paused inside a commit."""

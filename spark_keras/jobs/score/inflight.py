@@ -13,7 +13,9 @@ job, each group committed as soon as its wave is written.
   group: a Spark job and its plan cost far more than a commit.
 * **In flight.** :data:`~spark_keras.jobs.score.parallel.WAVES_IN_FLIGHT` waves at a time,
   each submitted from a driver thread of its own: the next wave's tasks wait in Spark's
-  queue while the driver commits the last one's groups.
+  queue while the driver commits the last one's groups. A wave written first makes room
+  for the next before its groups are committed (that wave built and handed to its thread
+  first): the slots do not wait on the driver's commits.
 * **Committed one at a time.** Only the main thread commits (:func:`commits.commit`),
   each group of a wave, in order, once the wave is written, waves in the order they finish:
   the commit log then holds any set of groups, which a rerun recovers as it recovers one
@@ -168,18 +170,16 @@ def run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
     with ThreadPoolExecutor(WAVES_IN_FLIGHT, thread_name_prefix="spark-keras-wave") as pool, \
             heartbeat.beating(line):
         try:
+            done: list[Future] = []  # written, to commit once the next waves are queued
             while todo or running:
-                while todo and len(running) < WAVES_IN_FLIGHT:
+                while todo and len(running) - len(done) < WAVES_IN_FLIGHT:
                     wave = next_wave()
                     scored, wave.observation = score(
                         _wave_frame(plan, read, wave.groups), max_invalid=budget.action_limit(),
                         observe_by=(GROUP_COL, wave.groups))
                     running[pool.submit(written, wave, scored)] = wave
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in sorted(done, key=lambda f: running[f].number):
-                    future.result()  # its Spark job's error, if any
+                for future in done:
                     wave = running[future]
-                    scored_bytes += wave.bytes
                     for index in wave.groups:
                         record = wave.record(plan, index)
                         budget.check(index, record)
@@ -194,6 +194,13 @@ def run_groups(plan: Plan, leases: Leases, read: Callable[[list[str]], Any],
                         on_commit(progress.summary())
                     del running[future]
                     wave.remove_staging(plan)
+                done = []
+                if running:
+                    finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                    done = sorted(finished, key=lambda f: running[f].number)
+                    for future in done:
+                        future.result()  # its Spark job's error, if any
+                        scored_bytes += running[future].bytes
         except BaseException:
             stopping.set()
             pending = set(running)
