@@ -170,7 +170,8 @@ def _per_chunk(rows: list[dict[str, Any]]) -> list[str]:
         return []
     each = (chunks["ship s"] - driver["ship s"]) / chunks["chunks"]
     return [f"Per chunk ({CHUNKS}): {each:.2f} s of the ship beyond the driver's file's (the "
-            f"waves: seed, spread and write, {EXECUTORS} executors at once; then the seal).", ""]
+            f"waves: a job each, writing one wave and seeding the next, {EXECUTORS} executors "
+            f"at once; the last publishes).", ""]
 
 
 if __name__ == "__main__":
