@@ -33,6 +33,14 @@
 # the slow set in one process): 41 min (2481 s). This layout on a clean clone here beside an
 # attacker's scripts (load 3-13): 47 min (make test 22 with the compat legs beside it, then
 # the slow set 24m25 on two workers, 119 cases).
+# CI of stop 60: 39 min (make test 14m55 beside the compat legs, which built .venv-spark35
+# from scratch; the slow set 22m08). 2026-12-07 late night: the PySpark 3.5 leg an overlay
+# on the main venv (built in 7 s), lint and docs beside the tests, the slowest cases asked
+# whether less proves the same (5 fresh drivers, a Connect server start and a killed
+# driver fewer; smaller inputs where the size proved nothing). A clean clone of a20d45d
+# here with .ci/run (VENV reused, quiet otherwise): lint and docs 0 min, compat done at
+# 10 min, make test 12m29 beside it (869 cases), then the slow set 16m48 (112 cases):
+# all 29 min.
 # .ci/run only execs this file (a tool that draws the package reads an extensionless
 # .ci/run as the module run.py of the score job).
 set -euo pipefail
