@@ -121,7 +121,7 @@ def ensure_venv(leg: Leg) -> str:
 
 # The main venv's site-packages, added after the overlay's own (its .pth files processed:
 # the editable install of this package among them)
-_SITE = "import site, sysconfig; print(sysconfig.get_paths()['purelib'])"
+_SITE = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 # the requirements of a distribution that the packages found do not meet (markers
 # evaluated without extras), as ``name<specifier>`` for pip
 _UNMET = ("import importlib.metadata as m, sys\n"
