@@ -24,11 +24,12 @@ from spark_keras.errors import InvalidRowsError
 from spark_keras.jobs.score import lease as score_lease
 from spark_keras.jobs.score.arrow_paths import ArrowPaths
 from spark_keras.jobs.score.budget import JobBudget
+from spark_keras.jobs.score.commits import STAGING
 from spark_keras.jobs.score.errors import JobError
 from spark_keras.jobs.score.files import HadoopPaths
 from spark_keras.jobs.score.main import parse_args
 from spark_keras.jobs.score.manifest import plan_groups
-from spark_keras.jobs.score.parallel import default_commit_bytes, in_flight
+from spark_keras.jobs.score.parallel import default_commit_bytes, in_flight, wave_size
 from spark_keras.jobs.score.run import score
 from tests import models
 from tests.conftest import REPO_ROOT
@@ -70,6 +71,20 @@ def read_sorted(out) -> tuple[list[int], list[int]]:
     return table["id"].to_pylist(), bits.view(np.uint32).ravel().tolist()
 
 
+def wave_jobs(spark) -> dict[str, list[int]]:
+    """Each wave's Spark jobs so far (by the wave's job tag, ``_staging-wNNNNN-...``): the
+    tasks of each, once Spark's listener bus has delivered the events it holds."""
+    context = spark.sparkContext._jsc.sc()
+    context.listenerBus().waitUntilEmpty()
+    jobs = context.statusStore().jobsList(None)
+    found: dict[str, list[int]] = {}
+    for job in (jobs.apply(i) for i in range(jobs.size())):
+        for tag in job.jobTags().mkString("\n").split("\n"):
+            if tag.startswith(f"{STAGING}w"):
+                found.setdefault(tag, []).append(job.numTasks())
+    return found
+
+
 def records(out) -> dict[int, dict]:
     log = out / "_spark_keras" / "commits"
     return {int(p.name[1:6]): json.loads(p.read_text()) for p in log.glob("g*.json")
@@ -91,6 +106,21 @@ def test_default_groups_fit_the_job_from_a_laptop_to_a_cluster():
     per_group = 1000 / len(groups) * 8  # tasks of 128 MiB
     assert in_flight(500) * per_group >= 500  # in flight: every slot busy
     assert plan_groups([5, 5, 5], default_commit_bytes(15, 2)) == [[0], [1], [2]]  # files whole
+
+
+def test_a_wave_holds_the_slots_then_at_most_a_twentieth_of_the_input_and_a_minute_of_work():
+    """A kill loses the two waves in flight: a wave is capped by a twentieth of the input
+    and by a minute of the run's pace, whichever is less, but never holds fewer tasks than
+    the slots. 25 MB in 40 groups on local[2]: waves of 2 groups, however fast the run."""
+    small = [625_000] * 40
+    assert wave_size(small, sum(small), 2) == 2
+    assert wave_size(small, sum(small), 2, pace=1e12) == 2  # not the whole rest of the input
+    assert wave_size(small, sum(small), 8, pace=1.0) == 8  # the slots' floor
+    files = [100 * 10**6] * 1000  # 100 GB of 100 MB groups on 2 slots
+    assert wave_size(files, sum(files), 2) == 50  # 5 GB: a twentieth
+    assert wave_size(files, sum(files), 2, pace=10**7) == 6  # 600 MB: a minute at 10 MB/s
+    assert wave_size(files, sum(files), 2, pace=1e12) == 50
+    assert wave_size([10**9], 10**9, 2, pace=1.0) == 1  # one at least
 
 
 def test_one_budget_over_the_commits_of_every_run():
@@ -134,18 +164,20 @@ def test_a_driver_whose_beats_stalled_publishes_nothing_more(tmp_path, monkeypat
 
 def test_waves_of_groups_are_fewer_spark_jobs_each_group_committed_as_written(
         spark, data, tmp_path):
-    """Default settings on local[2]: a group per file, scored in waves of several groups
-    (fewer Spark jobs than groups, two waves in flight), each group committed once: the
-    output equals a run in one commit, bit for bit, each row once."""
+    """Default settings on local[2]: a group per file, scored in waves of two groups (the
+    slots; a twentieth of the input is less than a group), one Spark job of 2 tasks each,
+    two waves in flight, each group committed once: the output equals a run in one commit,
+    bit for bit, each row once."""
     one = tmp_path / "one"
     score(spark, HadoopPaths(spark), parse_args(job_argv(data, one, "--commit-bytes", "1G")))
     out = tmp_path / "out"
-    tracker = spark.sparkContext.statusTracker()
-    before = set(tracker.getJobIdsForGroup())  # the jobs of no job group: the score job's
+    before = wave_jobs(spark)
     summary = score(spark, HadoopPaths(spark), parse_args(job_argv(data, out)))
-    jobs = set(tracker.getJobIdsForGroup()) - before
+    waves = {tag: jobs for tag, jobs in wave_jobs(spark).items() if tag not in before}
     assert (summary["groups"], summary["rows"]) == (FILES, FILES * ROWS), summary
-    assert 1 <= len(jobs) <= FILES // 2, jobs  # 2 + 2 + 4 groups: three waves
+    assert sorted(tag[:len(STAGING) + 6] for tag in waves) == \
+        [f"{STAGING}w{n:05d}" for n in range(FILES // 2)], waves
+    assert all(jobs == [2] for jobs in waves.values()), waves
     found = records(out)
     assert sorted(found) == list(range(FILES)) and all(r["rows"] == ROWS for r in found.values())
     # in flight together: the groups' times (each from its start to its write's end) overlap
@@ -156,38 +188,31 @@ def test_waves_of_groups_are_fewer_spark_jobs_each_group_committed_as_written(
 
 class WatchingPaths(HadoopPaths):
     """The job's own path layer, which at the first commit's record (``gN.moving.json``, of
-    whichever wave was written first) waits up to a minute for a Spark job of 4 tasks to
-    be submitted: the third wave's (4 groups of a file, sized once a wave has shown the
-    run's pace)."""
+    whichever wave was written first) waits up to a minute for the third wave's Spark job
+    to be submitted, and notes its tasks."""
 
-    def __init__(self, spark, before: set) -> None:
+    def __init__(self, spark) -> None:
         super().__init__(spark)
-        self.tracker, self.before, self.queued = spark.sparkContext.statusTracker(), before, None
-
-    def _tasks(self, job: int) -> int:
-        info = self.tracker.getJobInfo(job)
-        stages = [self.tracker.getStageInfo(s) for s in (info.stageIds if info else [])]
-        return sum(s.numTasks for s in stages if s is not None)
+        self.before, self.queued = set(wave_jobs(spark)), None
 
     def move(self, src: str, dst: str) -> None:
         super().move(src, dst)
         if dst.endswith(".moving.json") and self.queued is None:
             deadline = time.monotonic() + 60
-            while self.queued is None or (not self.queued and time.monotonic() < deadline):
-                new = set(self.tracker.getJobIdsForGroup()) - self.before
-                self.queued = any(self._tasks(job) == 4 for job in new)
+            while not self.queued and time.monotonic() < deadline:
+                self.queued = [jobs for tag, jobs in wave_jobs(self.spark).items()
+                               if tag not in self.before and tag.startswith(f"{STAGING}w00002-")]
                 time.sleep(0.05)
 
 
 def test_the_next_wave_is_queued_before_the_last_ones_groups_are_committed(
         spark, data, tmp_path):
-    """Default settings (8 groups of a file, waves of 2, 2 then 4 on local[2]): when the
-    first of them is written, the third is built and its Spark job submitted before the
+    """Default settings (8 groups of a file, waves of 2 on local[2]): when the first of
+    them is written, the third is built and its Spark job (2 tasks) submitted before the
     written wave's groups are committed, so the slots do not wait on the driver's commits."""
-    tracker = spark.sparkContext.statusTracker()
-    paths = WatchingPaths(spark, set(tracker.getJobIdsForGroup()))
+    paths = WatchingPaths(spark)
     summary = score(spark, paths, parse_args(job_argv(data, tmp_path / "out")))
-    assert summary["groups"] == FILES and paths.queued is True
+    assert summary["groups"] == FILES and paths.queued == [[2]]
 
 
 class StallingPaths(HadoopPaths):

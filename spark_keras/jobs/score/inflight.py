@@ -1,11 +1,12 @@
 """Driving a ``--resume`` run: its groups scored in waves, several groups by one Spark
 job, each group committed as soon as its wave is written.
 
-* **Waves.** A wave is a run of the groups left (:func:`~spark_keras.jobs.score.parallel.wave_size`:
-  tasks for every slot, about a twentieth of the input or a minute of the run's pace): one
-  Spark job, tagged (:class:`~spark_keras.jobs.score.parallel.Jobs`), over the union of
-  its groups' reads (each group read alone, so its tasks and model batches are the ones a
-  job of that group alone has), each row carrying its group's index in a hidden column
+* **Waves.** A wave is a run of the groups left
+  (:func:`~spark_keras.jobs.score.parallel.wave_size`: tasks for every slot, then at most
+  a twentieth of the input and a minute of the run's pace): one Spark job, tagged
+  (:class:`~spark_keras.jobs.score.parallel.Jobs`), over the union of its groups' reads
+  (each group read alone, so its tasks and model batches are the ones a job of that group
+  alone has), each row carrying its group's index in a hidden column
   (:data:`~spark_keras.jobs.score.trust.GROUP_COL`). Spark writes the wave into staging
   folders of its own partitioned by that column: each group's files land in a folder
   ``__spark_keras_group=N`` of their own, that group's staging folder; one ``observe``

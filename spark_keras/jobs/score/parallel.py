@@ -8,10 +8,10 @@ The rule: groups of about ``input / (10 T)`` bytes, ``T = min(slots + 2, MAX_IN_
 :data:`WAVES_IN_FLIGHT` waves in flight, the next one's Spark job queued in Spark's
 scheduler to take the slot the next task frees while the driver commits the groups it has.
 A wave holds at least enough groups for every task slot (a task per 128 MiB of a group, at
-least one) and at most about ``input / 20`` bytes, so that a kill (which loses the waves in
-flight; the committed groups stay) loses about a tenth of the input; or, once the run has
-scored a wave, :data:`WAVE_SECONDS` of its pace when that is more (a kill loses at most a
-few minutes of work).
+least one), then at most about ``input / 20`` bytes and, once the run has scored a wave, at
+most :data:`WAVE_SECONDS` of its pace: a kill (which loses the waves in flight; the
+committed groups stay) loses about a tenth of the input or a few minutes of work, whichever
+is less, and never less than what keeps every slot busy.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ MAX_IN_FLIGHT = 32  # the groups' count per slot stops growing there (see defaul
 QUEUED = 2  # groups beyond the task slots
 LOSS_SHARE = 10  # a kill loses at most about 1/LOSS_SHARE of the input (its waves in flight)
 WAVES_IN_FLIGHT = 2  # Spark jobs at once: one running, the next queued behind it
-WAVE_SECONDS = 60.0  # a wave's work at the run's pace, when more than its share of the input
+WAVE_SECONDS = 60.0  # a wave's work at most at the run's pace (beyond the slots' floor)
 SPLIT_BYTES = 128 * 2**20  # spark.sql.files.maxPartitionBytes' default: a task's input
 
 
@@ -46,11 +46,11 @@ def wave_size(sizes: Sequence[int], total_bytes: int, slots: int,
               pace: float | None = None) -> int:
     """How many of the next groups (their bytes ``sizes``, in order) one Spark job scores:
     tasks for every slot at least, then up to a tenth of the job's ``total_bytes`` over the
-    waves in flight, or :data:`WAVE_SECONDS` at ``pace`` (bytes/s; None before one is
-    known) when that is more; one at least."""
+    waves in flight and up to :data:`WAVE_SECONDS` at ``pace`` (bytes/s; None before one is
+    known); one at least."""
     bound = total_bytes / (LOSS_SHARE * WAVES_IN_FLIGHT)
     if pace:
-        bound = max(bound, pace * WAVE_SECONDS)
+        bound = min(bound, pace * WAVE_SECONDS)
     taken, tasks, held = 0, 0, 0
     for size in sizes:
         if taken and tasks >= slots and held + size > bound:
