@@ -188,6 +188,33 @@ def test_a_module_the_executors_cannot_import_is_a_line_naming_import():
                     "package folder), or install it there")
 
 
+@pytest.mark.parametrize("how", ["a file", "a name"])
+def test_the_job_file_run_as_a_script_imports_the_users_module_not_its_own(tmp_path, how):
+    """``python "$(spark-keras job-file score)"`` (what spark-submit runs): Python puts the
+    file's folder, the job's own modules (session, run, errors...), first on sys.path. A
+    user's ``--import session`` then got the job's ``session`` silently, and ``./session.py``
+    was refused as named like it. The user's module is imported (it raises here, before
+    any Spark starts, to say so)."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "session.py").write_text("raise RuntimeError('the user session module ran')\n")
+    keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(tmp_path / "m.keras")
+    pd.DataFrame({"f": [[0.0, 1.0]]}).to_parquet(tmp_path / "in.parquet", index=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "PYTHONPATH")}
+    if how == "a name":
+        env["PYTHONPATH"] = str(mods)
+    from spark_keras.jobs import job_file
+
+    spec = "session" if how == "a name" else str(mods / "session.py")
+    proc = subprocess.run([sys.executable, job_file("score"), "--model", str(tmp_path / "m.keras"),
+                           "--input", str(tmp_path / "in.parquet"), "--output",
+                           str(tmp_path / "out"), "--features", "f", "--master", "local[1]",
+                           "--import", spec], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "the user session module ran" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode != 0 and not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # a whole job on a Connect server of its own: 1-2 minutes here
 @pytest.mark.parametrize("where", ["connect"])  # classic: test_score_job's null-policy job
 def test_the_installed_command_scores_custom_and_lambda_layers_from_another_folder(

@@ -315,4 +315,9 @@ def scored_line(summary: dict, wall_seconds: float) -> str:
 
 
 if __name__ == "__main__":
+    # Run as a file (spark-submit, `spark-keras job-file score`): Python put this folder,
+    # the job's own modules (session, run, errors...), first on sys.path, where they would
+    # hide a user's --import of the same name. The job imports its modules by full name.
+    if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        del sys.path[0]
     sys.exit(main())
