@@ -189,12 +189,19 @@ def _check_remote(sc: Any, exec_: str) -> None:
 
 
 def check_daemon(sc: Any) -> None:
-    """Refuse a session whose executors would start spark_keras's daemon while the
-    package reaches them only through ``--py-files`` (see the module docstring)."""
+    """Refuse a session whose executors would start a spark_keras daemon that does not
+    exist (an old module path), or spark_keras's daemon while the package reaches them
+    only through ``--py-files`` (see the module docstring)."""
     conf = sc.getConf()
     daemon = conf.get(DAEMON_CONF, "") or ""
     if not daemon.startswith("spark_keras"):
         return
+    if daemon.split(".")[0] == "spark_keras" and not _has_module(daemon):
+        raise WorkersPythonError(
+            f"{DAEMON_CONF}={daemon}: spark_keras has no such module (a setting of another "
+            f"version?): every executor would fail to start its Python workers. The "
+            f"preloading daemon is {__package__}.daemon (`spark-keras conf` prints the "
+            f"settings), or drop {DAEMON_CONF} for the stock pyspark.daemon")
     shipped = [p for p in (conf.get(PY_FILES_CONF, "") or "").split(",") if _holds_package(p)]
     if shipped:
         raise WorkersPythonError(
@@ -204,6 +211,17 @@ def check_daemon(sc: Any) -> None:
             f"spark_keras'. Install spark-keras in the executors' Python (or ship a packed "
             f"environment with spark.archives), or drop {DAEMON_CONF} (the stock "
             f"pyspark.daemon then starts the workers)")
+
+
+def _has_module(name: str) -> bool:
+    """True if this driver's Python finds module ``name`` (the executors run the same
+    spark_keras version: :func:`check_workers_python` compares them)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _holds_package(entry: str) -> bool:

@@ -98,6 +98,27 @@ def test_the_package_on_the_executors_pythonpath_and_the_jvms_is_found(
     assert parts.index(str(tmp_path)) < parts.index(repo)
 
 
+@pytest.mark.parametrize("daemon, refused", [("spark_keras.spark.daemon", True),
+                                              ("spark_keras.executor.nodaemon", True),
+                                              ("spark_keras.executor.daemon", False),
+                                              ("spark_keras_udfs.daemon", False)])
+def test_a_daemon_setting_naming_no_spark_keras_module_is_refused_on_the_driver(
+        spark, daemon, refused):
+    """A ``spark.python.daemon.module`` of the layout before the components' folders
+    (``spark_keras.spark.daemon``) failed at the first task, a Java trace per executor
+    saying "No module named"; it is one error on the driver naming the setting and the
+    daemon. A user's own ``spark_keras_udfs`` module is not judged by this Python."""
+    conf = spark.sparkContext.getConf().set(environment.DAEMON_CONF, daemon)
+    session = type("Context", (), {"getConf": lambda self: conf})()
+    if not refused:
+        environment.check_daemon(session)
+        return
+    with pytest.raises(sk.WorkersPythonError, match=(
+            rf"spark.python.daemon.module={daemon}: spark_keras has no such module .* "
+            rf"The preloading daemon is spark_keras.executor.daemon")):
+        environment.check_daemon(session)
+
+
 class _FakeConf:
     """``sc`` with ``spark.executorEnv.*`` added to its settings (a real SparkConf)."""
 
