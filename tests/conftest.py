@@ -292,11 +292,12 @@ def local_connect_server():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def run_score_job(*args: str, cwd=None, timeout: int = 300, **env: str):
+def run_score_job(*args: str, cwd=None, timeout: int = 300, server: bool = True, **env: str):
     """``python jobs/score.py ARGS`` (no spark-submit: how a Spark Connect client runs it)
     in this process's environment, less any SPARK_REMOTE / SPARK_KERAS_BUILD_LOG, plus
     ``env``; with a local Connect server (``--remote local...`` or ``SPARK_REMOTE``) while
-    no other test run has one."""
+    no other test run has one. ``server=False``: a run that fails before any server
+    starts, which need not wait for another run's server to go."""
     import subprocess
 
     inherited = {k: v for k, v in os.environ.items()
@@ -307,7 +308,8 @@ def run_score_job(*args: str, cwd=None, timeout: int = 300, **env: str):
     remote = env.get("SPARK_REMOTE", "")
     if "--remote" in args:
         remote = args[args.index("--remote") + 1]
-    turn = local_connect_server() if remote.startswith("local") else contextlib.nullcontext()
+    turn = local_connect_server() if server and remote.startswith("local") \
+        else contextlib.nullcontext()
     with turn:
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)

@@ -332,7 +332,7 @@ def test_connect_failures_are_one_line_and_leave_nothing(files, case):
     expected, status = FAILURES[case]
     args = failing_args(folder, case, "connect-out")
     before = set(os.listdir(folder))
-    proc = run_score_job(*args, SPARK_REMOTE="local[2]")
+    proc = run_score_job(*args, SPARK_REMOTE="local[2]", server=case == "bad row")
     assert proc.returncode == status, (proc.stdout + proc.stderr)[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("score.py: error:")]
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-3000:]
