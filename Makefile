@@ -39,10 +39,10 @@ check-java:
 # any order: each pytest worker's JVM starts with no session's settings, tests/conftest.py).
 TEST_WORKERS ?= 2
 test: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not bench" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
 
 test-slow: check-java $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not heavy and not bench" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS) || test $$? -eq 5  # 5: none selected
 
 # The heaviest end-to-end cases (two to four minutes each here: local-cluster with payloads
 # past every heap, SIGKILLed jobs resumed, fresh drivers): not in CI, whose time they would

@@ -139,9 +139,12 @@ def spark(build_log):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The modules that use the shared session first, one after another (each module in
-    its place otherwise): a module with a session of its own in between would stop the
-    shared one, and the next would start it again (~25 s each time)."""
+    """The modules that use the shared session first, then the others, each group the
+    modules with most cases first (how pytest-xdist orders files by default): a module
+    with a session of its own in between would stop the shared one, and the next would
+    start it again (its context and its workers' TensorFlow imports, ~15-25 s each time).
+    Under ``--dist loadfile`` xdist keeps this order only with ``--no-loadscope-reorder``
+    (the Makefile's test targets pass it): otherwise it sorts the files by size alone."""
     def shared(item) -> bool:
         defs = getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs.get("spark")
         return bool(defs) and defs[-1].func.__module__ == __name__
@@ -150,8 +153,8 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         modules.setdefault(item.module, []).append(item)
     uses = {m: any(shared(i) for i in group) for m, group in modules.items()}
-    items[:] = [i for m, g in modules.items() if uses[m] for i in g] + \
-               [i for m, g in modules.items() if not uses[m] for i in g]
+    order = sorted(modules, key=lambda m: (not uses[m], -len(modules[m])))  # stable
+    items[:] = [i for m in order for i in modules[m]]
 
 
 @pytest.fixture(scope="session", autouse=True)
