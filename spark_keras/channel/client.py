@@ -124,9 +124,11 @@ def _answer(address: Address, route: str, fields: dict[str, str]) -> dict[str, A
                            f"not JSON ({exc})") from exc
 
 
-def download(address: Address, name: str, index: int, out: BinaryIO, start: int = 0) -> int:
+def download(address: Address, name: str, index: int, out: BinaryIO, start: int = 0,
+             stop: int | None = None) -> int:
     """Write version ``index``'s payload from the driver into ``out``, from byte ``start``
-    on (a transfer cut short, resumed: ``Range``); the number of bytes written.
+    on (a transfer cut short, resumed: ``Range``) up to byte ``stop`` (excluded; by
+    default its end); the number of bytes written.
 
     Raises:
         ChannelError: the driver cannot be reached, or the transfer failed (reset, timed
@@ -138,15 +140,17 @@ def download(address: Address, name: str, index: int, out: BinaryIO, start: int 
     query = urllib.parse.urlencode({"name": name, "index": index})
     buffer = memoryview(bytearray(_CHUNK))
     total = 0
+    wanted = None if stop is None else stop - start
     with _exchange(address, f"/payload?{query}", name, index, start) as response:
-        while True:
+        while wanted is None or total < wanted:
             with _in_transit(address, "/payload"):
-                n = response.readinto(buffer)
+                n = response.readinto(buffer if wanted is None else buffer[:wanted - total])
             if not n:
                 break
             out.write(buffer[:n])  # a local error here is the caller's (an OSError)
             total += n
-        _check_length(address, "/payload", response, total)
+        if wanted is None or total < wanted:  # (else the rest is left unread)
+            _check_length(address, "/payload", response, total)
     return total
 
 

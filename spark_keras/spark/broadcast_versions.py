@@ -99,7 +99,7 @@ def adopt(handle: Any, payload: driver_payload.DriverPayload, *, label: str | No
     sc = getattr(handle._application, "sparkContext", handle._application) \
         if handle._chunked else None
     if sc is not None and sc._jsc is not None:  # (the context stopped: from the driver)
-        warm(sc, payload.path, added.key, added.nbytes,
+        warm(sc, added.key, added.nbytes,
              ServedTransport(handle._versions, name, index, digest))
     logger.info("model %s: version %s shipped (%.1f MB payload)", name, label,
                 payload.nbytes / 2**20)

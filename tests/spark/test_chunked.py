@@ -1,12 +1,11 @@
-"""Large payloads through Spark's block transfer at ship time
-(:mod:`spark_keras.executor.transport.chunked`): in waves of chunk broadcasts that executors
-fetch from each other (the driver's blocks let go once executors seeded them), each
-executor's file written and checked against the driver's digest before any task needs it,
-no chunk left in any block manager after.
+"""Large payloads through Spark's shuffle at ship time
+(:mod:`spark_keras.executor.transport.chunked`): shares read from the driver's channel,
+exchanged between executors, each executor's file written and checked against the
+driver's digest before any task needs it, no chunk left in any block manager after.
 
 The threshold and the chunk size are lowered (driver-side settings read when a payload
-ships) so that a small model takes the large path in several chunks and waves: seconds,
-not minutes."""
+ships) so that a small model takes the large path in several shares: seconds, not
+minutes."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ def small_chunks(monkeypatch):
     """Payloads over 64 KiB take the large path, in 64 KiB chunks."""
     monkeypatch.setattr(driver_payload, "LARGE_PAYLOAD", CHUNK)
     monkeypatch.setattr(chunked, "CHUNK_BYTES", CHUNK)
-    monkeypatch.setattr(chunked, "WAVE_CHUNKS", 8)  # 17 chunks: three waves (8, 8, 1)
+    monkeypatch.setattr(chunked, "SHARE_BYTES", 4 * CHUNK)  # 17 chunks: shares of 4 or so
 
 
 @pytest.fixture(scope="module")
@@ -113,20 +112,51 @@ def executor_files(spark, tasks: int = 8) -> dict[str, list[str]]:
     return dict(spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(look).collect())
 
 
+def held_files(spark, tasks: int = 2) -> list[str]:
+    """The files in the executor's payload folder that its Python workers hold open (the
+    users files of the models they built aside): one task on each worker of local[2]."""
+    def look(_):
+        import time
+
+        time.sleep(0.3)
+        folder, held = executor_folder(), []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if folder and target.startswith(folder) and not target.endswith(".users"):
+                held.append(target)
+        yield from held
+
+    return spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(look).collect()
+
+
+def jobs_started(sc) -> int:
+    """The number of Spark jobs ``sc`` has started."""
+    value = sc._jsc.sc().dagScheduler().nextJobId()  # an AtomicInteger (Py4J: its int)
+    return int(value.get() if hasattr(value, "get") else value)
+
+
 def test_the_executor_file_is_written_at_ship_and_no_chunk_stays(spark, small_chunks):
     """local[2] (the driver's block manager is the only one): the executor's file of each
-    version is there before a task needs it; no chunk's blocks or driver file stay."""
+    version is there before a task needs it, written by one Spark job whatever the
+    number of chunks; no chunk's blocks or driver file stay, no worker holds a file of
+    the folder open."""
     x = np.random.default_rng(3).standard_normal((16, 32)).astype("float32")
     release_cached(spark)
     before = stored(spark)
     temp = set(os.listdir(spark.sparkContext._temp_dir))
+    jobs = jobs_started(spark.sparkContext)
     bm = sk.BroadcastModel(spark, mlp(4))
     try:
+        assert jobs_started(spark.sparkContext) - jobs == 1  # the warm-up (17 chunks)
+        assert held_files(spark) == []
         n, name = bm._nbytes, bm._name
         [(folder, names)] = executor_files(spark).items()
-        assert f"{bm.key}.skp" in names and not [f for f in names if f.endswith(".part")], names
+        assert f"{bm.key}.skp" in names and not [f for f in names if ".tmp-" in f], names
         assert os.path.getsize(host_file.path_for(folder, bm.key)) == n > 16 * CHUNK
-        assert stored(spark) - before < 0.2 * n  # every wave's blocks went
+        assert stored(spark) - before < 0.2 * n  # no block of the shuffle stays
         assert set(os.listdir(spark.sparkContext._temp_dir)) <= temp  # and its driver files
         assert isinstance(bm._transport, ServedTransport)  # who was not there downloads it
         _, found = scored(spark, bm, x)
@@ -147,21 +177,28 @@ def test_the_executor_file_is_written_at_ship_and_no_chunk_stays(spark, small_ch
     assert stored(spark) - before < 0.2 * n
 
 
-def test_chunks_that_are_not_the_payload_publish_nothing(spark, small_chunks, tmp_path):
-    payload = os.urandom(300_000)
-    (tmp_path / "payload").write_bytes(payload)
-    path, sc = str(tmp_path / "payload"), spark.sparkContext
-    wrong = ServedTransport(None, "m", 1, hashlib.sha256(b"another payload").hexdigest())
-    assert chunked.warm(sc, path, "warm-refused", len(payload), wrong) == 0
-    [(folder, names)] = executor_files(spark, 2).items()
-    assert "warm-refused.skp" not in names and "warm-refused.skp.part" not in names, names
-    right = ServedTransport(None, "m", 1, hashlib.sha256(payload).hexdigest())
+def test_chunks_that_are_not_the_payload_publish_nothing(spark, small_chunks):
+    """The shares read from the driver's channel are assembled on the executor, and the
+    file published only if its digest is the one the handle carries."""
+    import dataclasses
+
+    sc = spark.sparkContext
+    bm = sk.BroadcastModel(spark, mlp(7))
     try:
-        assert chunked.warm(sc, path, "warm-taken", len(payload), right) == 1
-        with open(host_file.path_for(folder, "warm-taken"), "rb") as f:
-            assert f.read() == payload
+        right, n = bm._transport, bm._nbytes
+        wrong = dataclasses.replace(right, sha256=hashlib.sha256(b"another payload").hexdigest())
+        assert chunked.warm(sc, "warm-refused", n, wrong) == 0
+        [(folder, names)] = executor_files(spark, 2).items()
+        assert not [f for f in names if f == "warm-refused.skp" or ".tmp-" in f], names
+        try:
+            assert chunked.warm(sc, "warm-taken", n, right) == 1
+            with open(host_file.path_for(folder, "warm-taken"), "rb") as f, \
+                    open(host_file.path_for(folder, bm.key), "rb") as g:
+                assert f.read() == g.read()
+        finally:
+            host_file.discard(folder, "warm-taken")
     finally:
-        host_file.discard(folder, "warm-taken")
+        bm.destroy(blocking=True)
 
 
 @pytest.mark.slow  # a local-cluster of its own: about 40 s idle (3-4 min under load)
@@ -236,7 +273,7 @@ def test_a_ship_gives_up_the_warm_up_while_other_jobs_hold_the_slots(spark, smal
     try:
         assert shipped < 45, f"the ship waited {shipped:.0f} s for the other job's slots"
         deadline = time.monotonic() + 30  # the warm-up's clean-up runs once a slot frees
-        while any(f.endswith(".part") for names in executor_files(spark, 2).values()
+        while any(".tmp-" in f for names in executor_files(spark, 2).values()
                   for f in names):
             assert time.monotonic() < deadline, executor_files(spark, 2)
             time.sleep(0.5)
@@ -244,49 +281,3 @@ def test_a_ship_gives_up_the_warm_up_while_other_jobs_hold_the_slots(spark, smal
         np.testing.assert_allclose(found, np.asarray(mlp(6)(x)), rtol=1e-5, atol=1e-6)
     finally:
         bm.destroy(blocking=True)
-
-
-def test_a_partial_file_is_published_as_written_and_a_replaced_one_is_read_back(tmp_path):
-    """In a worker (no Spark needed): the partial file this process wrote from its first
-    byte on, wave after wave, is renamed into place on its running digest (not read
-    back); one replaced by name after it was written is read back and refused, and so
-    is one whose waves another process wrote, unless it is the payload."""
-    from spark_keras.errors import PayloadError
-    from spark_keras.executor.transport import partial_file
-    from spark_keras.private_folder import private_folder
-
-    folder = str(tmp_path / "payloads")
-    private_folder(folder)
-    payload = os.urandom(5 * CHUNK + 123)
-    chunks = [payload[i:i + CHUNK] for i in range(0, len(payload), CHUNK)]
-    served = ServedTransport(None, "m", 1, hashlib.sha256(payload).hexdigest())
-
-    def waves(key: str, forget_between: bool = False) -> str:
-        part = host_file.path_for(folder, key) + chunked.PART
-        for first in range(0, len(chunks), 2):
-            partial_file.write(part, key, first * CHUNK, chunks[first:first + 2])
-            if forget_between:  # the next wave's task ran in another worker
-                partial_file.forget(key)
-        return part
-
-    part = waves("as-written")
-    written = host_file.identity(part)
-    partial_file.publish(part, "as-written", len(payload), served)
-    published = host_file.path_for(folder, "as-written")
-    assert host_file.identity(published) == written and not os.path.exists(part)
-    with open(published, "rb") as f:
-        assert f.read() == payload
-
-    part = waves("replaced")
-    os.remove(part)  # another payload of the same size under the partial file's name
-    with open(part, "wb") as f:
-        f.write(os.urandom(len(payload)))
-    with pytest.raises(PayloadError, match="not .*the digest the driver fixed"):
-        partial_file.publish(part, "replaced", len(payload), served)
-    assert not os.path.exists(host_file.path_for(folder, "replaced"))
-    partial_file.forget("replaced")
-
-    part = waves("split", forget_between=True)  # read back, and the payload: published
-    partial_file.publish(part, "split", len(payload), served)
-    with open(host_file.path_for(folder, "split"), "rb") as f:
-        assert f.read() == payload

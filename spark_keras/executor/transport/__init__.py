@@ -67,6 +67,5 @@ def transport_for(spark: Any, key: str, payload: DriverPayload,
         return BroadcastTransport(sc, payload.data)
     served = keep()
     if ship == "auto":
-        assert payload.path is not None, "keep() puts the payload in the driver's file"
-        warm(sc, payload.path, key, payload.nbytes, served)
+        warm(sc, key, payload.nbytes, served)
     return served

@@ -64,17 +64,34 @@ class ServedTransport(Transport):
         """Write the payload into ``out`` (an open file, or a buffer), from its start;
         raises :class:`~spark_keras.errors.PayloadError` if it is not the payload whose
         digest the driver fixed (``out`` then holds bytes nobody may use)."""
+        hashing = Hashing(out)
+        self._download(hashing)
+        out.flush()
+        self.check_digest(hashing.hexdigest(), "from the driver")
+
+    def read_range(self, start: int, stop: int) -> bytes:
+        """Bytes ``start`` to ``stop`` (excluded) of the payload, from the driver (a part:
+        its caller checks the whole it goes into against :attr:`sha256`)."""
+        import io
+
+        buffer = io.BytesIO()
+        self._download(Hashing(buffer), start, stop)
+        return buffer.getvalue()
+
+    def _download(self, hashing: "Hashing", first: int = 0, stop: int | None = None) -> None:
+        """Bytes ``first`` to ``stop`` of the payload written through ``hashing`` from its
+        start, resumed where the network cuts them, asked again while the driver is busy."""
         from spark_keras.channel import client as channel_client
 
         delay, attempt, busy_since = 1.0, 0, None
-        hashing = Hashing(out)
+        out = hashing.out
         while True:
             start = hashing.written  # a transfer cut short resumes after its last byte
             out.seek(start)
             out.truncate()
             try:
                 channel_client.download(self.address, self.name, self.index,
-                                        cast(BinaryIO, hashing), start)  # download() only writes
+                                        cast(BinaryIO, hashing), first + start, stop)
                 break
             except DriverBusy as exc:  # not an attempt: come back when the driver says
                 busy_since = busy_since or time.monotonic()
@@ -99,8 +116,6 @@ class ServedTransport(Transport):
                                self.index, self.name, hashing.written, exc, delay)
                 time.sleep(delay)
                 delay *= 2
-        out.flush()
-        self.check_digest(hashing.hexdigest(), "from the driver")
 
     def check_digest(self, found: str, source: str) -> None:
         """Refuse a payload that arrived (``source``: how) with SHA-256 ``found``
@@ -131,12 +146,12 @@ class Hashing:
     """A file to write whose bytes are hashed on their way in."""
 
     def __init__(self, out: Any) -> None:
-        self._out, self._hash = out, hashlib.sha256()
+        self.out, self._hash = out, hashlib.sha256()
         self.written = 0
 
     def write(self, data: Any) -> int:
         self._hash.update(data)
-        n = self._out.write(data)
+        n = self.out.write(data)
         self.written += memoryview(data).nbytes
         return n
 
