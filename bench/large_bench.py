@@ -187,6 +187,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
         result["transport"] = type(bm._transport).__name__
         result["payload_bytes"] = bm._nbytes  # chunks: written on each executor at ship time
         result["chunks"] = -(-bm._nbytes // chunked.CHUNK_BYTES) if bm._chunked else 0
+        result["shares"] = -(-bm._nbytes // chunked.SHARE_BYTES) if bm._chunked else 0
         got = bm.transform(df, "features").select("part", "id", "prediction").collect()
         result["first_prediction_s"] = time.perf_counter() - start
         # each worker's build of it (pid, seconds from the ship's start to the build's end)

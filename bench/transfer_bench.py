@@ -1,8 +1,8 @@
 """A large model to several executors: what the driver sends, and how long until every
 executor has built it, the driver's file (``ship="driver"``) against the executors' files
-written at ship time through Spark's block transfer (``ship="auto"``: waves of chunk
-broadcasts, :mod:`spark_keras.executor.transport.chunked`), on ``local-cluster[4,1,1024]``
-(four executor JVMs on this machine), each path in a fresh driver process
+written at ship time (``ship="auto"``: shares read from the driver's channel, exchanged
+between executors through Spark's shuffle, :mod:`spark_keras.executor.transport.chunked`),
+on ``local-cluster[4,1,1024]`` (four executor JVMs on this machine), each path in a fresh driver process
 (:func:`bench.large_bench.launch`).
 
 The driver's bytes are counted per TCP socket on the loopback (:mod:`bench.socket_bytes`):
@@ -27,12 +27,13 @@ EXECUTORS = 4
 MASTER = f"local-cluster[{EXECUTORS},1,1024]"
 LINK = 10e9 / 8  # bytes per second of a 10 Gb/s link
 FLEET = 500  # executors, on paper
-SENT_RATIO = 1.5  # target: the chunk path's driver bytes for four executors, x the payload
-JVM_MARGIN = 0.2  # target: the chunk path's JVM peaks, GiB above the driver's file's
-TITLE = ("## A large model to four executors: the driver's file vs chunk broadcasts, "
-         "on local-cluster[4,1,1024]")
+SHARE_MIB = 32  # chunked.SHARE_BYTES, in MiB
+SENT_RATIO = 1.5  # target: the shuffle path's driver bytes for four executors, x the payload
+JVM_MARGIN = 0.2  # target: the shuffle path's JVM peaks, GiB above the driver's file's
+TITLE = ("## A large model to four executors: the driver's file vs shares through Spark's "
+         "shuffle, on local-cluster[4,1,1024]")
 
-DRIVER, CHUNKS = "ship='driver' (the driver's file)", "ship='auto' (chunk waves at ship time)"
+DRIVER, CHUNKS = "ship='driver' (the driver's file)", "ship='auto' (shares through a shuffle at ship time)"
 PLAN = [(DRIVER, "driver"), (CHUNKS, "auto")]
 
 
@@ -78,7 +79,7 @@ def row(result: dict[str, Any], label: str) -> dict[str, Any]:
     sent = result.get("driver_sent_bytes", 0)
     return {"path": label, "payload MB": payload / 1e6, "chunks": result.get("chunks", 0),
             "executors that built it": built, "driver sent MB": sent / 1e6,
-            "driver sent x payload": sent / payload, "ship s": result.get("ship_s"),
+            "driver sent x payload": sent / payload, "shares": result.get("shares", 0), "ship s": result.get("ship_s"),
             "all executors built s": last, "exact": result.get("exact", False),
             "driver Python private GiB": peak("driver Python", "anon"),
             "driver JVM RSS GiB": peak("driver JVM", "rss"),
@@ -93,13 +94,15 @@ def on_paper(r: dict[str, Any]) -> float | None:
     loopback included, kept whole).
 
     The driver's file: the driver's link carries one copy per executor,
-    ``ship s + FLEET x payload / link + after``. Chunk waves: each block leaves the driver
-    once (the seed, one share per executor), then executors fetch it from each other: the
-    measured copies cross the driver's link whatever the number of executors, and each
-    executor receives one payload on its own link, ``all built s + max(driver's copies, 1)
-    x payload / link`` (the measured seconds, every per-chunk and per-wave cost of the
-    loopback included, kept whole; the driver's scheduling of a wave's task per executor,
-    about a millisecond each, not counted)."""
+    ``ship s + FLEET x payload / link + after``. Shares through a shuffle: each byte
+    leaves the driver once (a share per map task), then executors fetch the shares from
+    each other: the measured copies cross the driver's link whatever the number of
+    executors, and each executor's link carries one payload in and one out (its map
+    output, full duplex), ``all built s + max(driver's copies, 1) x payload / link`` (the
+    measured seconds, kept whole: an executor's work is a payload through its map tasks and
+    one through its reduce task whatever the number of executors; the driver's scheduling
+    of a map and a reduce task per executor, about a millisecond each, and the n blocks
+    each reduce task fetches, not counted)."""
     if r.get("all executors built s") is None or r.get("ship s") is None:
         return None
     payload = r["payload MB"] * 1e6
@@ -110,7 +113,7 @@ def on_paper(r: dict[str, Any]) -> float | None:
 
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
-    """Each path built on every executor, exactly; the chunk path's driver bytes <= 1.5x
+    """Each path built on every executor, exactly; the shuffle path's driver bytes <= 1.5x
     the payload, its seconds until all executors have built no more than the driver's
     file's, and its JVMs' peaks within 0.2 GiB of the driver's file's."""
     by = {r["path"]: r for r in rows}
@@ -120,16 +123,16 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     chunks, driver = by.get(CHUNKS), by.get(DRIVER)
     if chunks is not None:
         sent = chunks["driver sent x payload"]
-        out.append(_target(f"chunk waves: the driver's processes sent <= {SENT_RATIO:g}x "
+        out.append(_target(f"shares: the driver's processes sent <= {SENT_RATIO:g}x "
                            f"the payload", sent, sent <= SENT_RATIO))
     if chunks is not None and driver is not None:
         mine, theirs = chunks["all executors built s"], driver["all executors built s"]
         ratio = None if mine is None or not theirs else mine / theirs
-        out.append(_target("chunk waves: seconds until all executors built it, x the "
+        out.append(_target("shares: seconds until all executors built it, x the "
                            "driver's file's (<= 1)", ratio, ratio is not None and ratio <= 1.0))
         for role in ("driver JVM RSS GiB", "executor JVM RSS GiB (max)"):
             more = chunks[role] - driver[role]
-            out.append(_target(f"chunk waves: {role} within {JVM_MARGIN:g} GiB of the driver's "
+            out.append(_target(f"shares: {role} within {JVM_MARGIN:g} GiB of the driver's "
                                f"file's ({driver[role]:.2f})", more, more <= JVM_MARGIN))
         out.append(f"[info] the driver's file: the driver sent {driver['driver sent x payload']:.2f}x "
                    f"the payload")
@@ -152,7 +155,7 @@ def body(results: dict[str, Any]) -> list[str]:
         f"memory of the driver's Python and peak resident sets of the JVMs (/proc, every 50 "
         f"ms). On paper: {FLEET} executors at 10 Gb/s per host from the measured figures (the "
         f"driver's file: one copy per executor through the driver's link, the measured time "
-        f"after shipping kept whole; chunk waves: the measured copies through the driver's "
+        f"after shipping kept whole; shares: the measured copies through the driver's "
         f"link whatever the number of executors, one payload through each executor's, the "
         f"measured time until all built kept whole).", "",
         table(rows, floatfmt="{:,.2f}"), "", *_per_chunk(rows),
@@ -160,18 +163,19 @@ def body(results: dict[str, Any]) -> list[str]:
 
 
 def _per_chunk(rows: list[dict[str, Any]]) -> list[str]:
-    """The measured per-chunk cost, the line under the table: the chunk path's ship
+    """The measured per-share cost, the line under the table: the shuffle path's ship
     seconds beyond the driver's file's (the same payload file written on the driver; the
-    rest is the waves), per chunk."""
+    rest is the warm-up's job), per share."""
     by = {r["path"]: r for r in rows}
     chunks, driver = by.get(CHUNKS), by.get(DRIVER)
-    if chunks is None or driver is None or not chunks["chunks"] or None in (
+    if chunks is None or driver is None or not chunks["shares"] or None in (
             chunks["ship s"], driver["ship s"]):
         return []
-    each = (chunks["ship s"] - driver["ship s"]) / chunks["chunks"]
-    return [f"Per chunk ({CHUNKS}): {each:.2f} s of the ship beyond the driver's file's (the "
-            f"waves: a job each, writing one wave and seeding the next, {EXECUTORS} executors "
-            f"at once; the last publishes).", ""]
+    each = (chunks["ship s"] - driver["ship s"]) / chunks["shares"]
+    return [f"Per share ({CHUNKS}): {each:.2f} s of the ship beyond the driver's file's (one "
+            f"job: a map task per share of at most {SHARE_MIB} MiB read from the driver's "
+            f"channel, a reduce task per executor writing its file, {EXECUTORS} executors at "
+            f"once).", ""]
 
 
 if __name__ == "__main__":
