@@ -19,7 +19,7 @@ from spark_keras.inference import columns as cols
 from spark_keras.inference import predictor_for
 from spark_keras.inference.engine import score
 from spark_keras.spark.figures import reasons_observed
-from tests.conftest import builds_by_worker, run_score_job
+from tests.conftest import builds_by_worker
 from tests.models import mlp
 
 SPARK_4 = int(__import__("pyspark").__version__.split(".")[0]) >= 4
@@ -205,9 +205,19 @@ def test_keras_transformer_error_col_is_saved(spark, frame, tmp_path):
         loaded.copy().setMaxInvalid(2.5)
 
 
-@pytest.mark.slow  # a whole job with its own Spark driver
-def test_score_job_error_col_and_metrics_json(spark, tmp_path):
+@pytest.mark.slow  # three jobs on this module's session
+def test_score_job_error_col_and_metrics_json(spark, build_log, tmp_path):
+    """--error-col and --metrics-json through the job's Python entry point on this
+    module's session (the job's command line runs end to end in tests/jobs/test_score_job.py
+    (--on-invalid null, its SCORED line) and test_score_resume.py (--metrics-json, Connect)):
+    the figures, the SCORED line main() prints, the error column; --error-col without
+    --on-invalid null and past --max-invalid: main()'s line and exit status 2."""
     import pyarrow.parquet as pq
+
+    from spark_keras.jobs.score.errors import outcome
+    from spark_keras.jobs.score.files import HadoopPaths
+    from spark_keras.jobs.score.main import parse_args, scored_line
+    from spark_keras.jobs.score.run import score
 
     rows = rows_with_bad_ones()
     pq.write_table(pa.table({"id": pa.array([i for i, _ in rows], pa.int64()),
@@ -215,39 +225,31 @@ def test_score_job_error_col_and_metrics_json(spark, tmp_path):
                    tmp_path / "in.parquet")
     sk.save(mlp(N_FEATURES), str(tmp_path / "model.skp"))
     metrics = tmp_path / "metrics.json"
-    proc = run_score_job("--master", "local[2]", "--model", str(tmp_path / "model.skp"),
-                         "--input", str(tmp_path / "in.parquet"),
-                         "--output", str(tmp_path / "out"), "--features", "features",
-                         "--on-invalid", "null", "--error-col", "error",
-                         "--metrics-json", str(metrics), cwd=str(tmp_path),
-                         SPARK_KERAS_BUILD_LOG=str(tmp_path / "builds"))  # the workers' own
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("SCORED "))
+
+    def job(out: str, *more: str) -> dict:
+        return score(spark, HadoopPaths(spark), parse_args([
+            "--model", str(tmp_path / "model.skp"), "--input", str(tmp_path / "in.parquet"),
+            "--output", str(tmp_path / out), "--features", "features", *more]))
+
+    builds = len(read_build_log(build_log))  # this session's workers' builds so far
+    summary = job("out", "--on-invalid", "null", "--error-col", "error",
+                  "--metrics-json", str(metrics))
+    line = scored_line(summary, 0.0)  # what main() prints
     assert line.startswith("SCORED rows=30 invalid_rows=3 "), line
     figures = json.loads(metrics.read_text())
     assert figures["rows"] == 30 and figures["invalid_rows"] == 3
-    assert figures["model_builds"] == len(read_build_log(str(tmp_path / "builds"))) >= 1
+    assert figures["model_builds"] == len(read_build_log(build_log)) - builds >= 1
     assert f"model_builds={figures['model_builds']} " in line
     out = pq.read_table(str(tmp_path / "out")).to_pandas()
     assert sorted(out.loc[out["error"].notna(), "id"]) == sorted(BAD)
-    bad = run_score_job("--master", "local[2]", "--model", str(tmp_path / "model.skp"),
-                        "--input", str(tmp_path / "in.parquet"),
-                        "--output", str(tmp_path / "out2"), "--features", "features",
-                        "--error-col", "error", cwd=str(tmp_path))
-    assert bad.returncode == 2 and "needs --on-invalid null" in bad.stderr, bad.stderr[-2000:]
+    with pytest.raises(Exception) as bad:
+        job("out2", "--error-col", "error")
+    line, status = outcome(bad.value)  # the line main() prints, and its exit status
+    assert status == 2 and "needs --on-invalid null" in line, line
     assert not os.path.exists(tmp_path / "out2")
-    # past --max-invalid: through the job's Python entry point on this module's session
-    from spark_keras.jobs.score.errors import outcome
-    from spark_keras.jobs.score.files import HadoopPaths
-    from spark_keras.jobs.score.main import parse_args
-    from spark_keras.jobs.score.run import score
-
     with pytest.raises(Exception) as over:  # a worker's InvalidRowsError, through Spark
-        score(spark, HadoopPaths(spark), parse_args([
-            "--model", str(tmp_path / "model.skp"), "--input", str(tmp_path / "in.parquet"),
-            "--output", str(tmp_path / "out3"), "--features", "features",
-            "--on-invalid", "null", "--max-invalid", "2"]))
-    line, status = outcome(over.value)  # the line main() prints, and its exit status
+        job("out3", "--on-invalid", "null", "--max-invalid", "2")
+    line, status = outcome(over.value)
     assert status == 2 and "max_invalid=2 passed: 3 of 30" in line, line
 
 
