@@ -41,6 +41,14 @@
 # here with .ci/run (VENV reused, quiet otherwise): lint and docs 0 min, compat done at
 # 10 min, make test 12m29 beside it (869 cases), then the slow set 16m48 (112 cases):
 # all 29 min.
+# 2026-12-08 (issue 52 item 4): xdist's --dist loadfile had reordered the files by size,
+# undoing conftest's order (shared-session modules first): now --no-loadscope-reorder, so
+# a module with a session of its own no longer stops the shared one between shared modules
+# (3 restarts in a whole make test before, counted). test_daemon's scoring paths on 2
+# partitions (51 -> 41 s alone), test_operations' job case on the module's session
+# (179 -> 60 s alone, slow set), Connect cases failing on the client skip the server lock.
+# make test on a clean clone, main venv, others' benchmarks beside it: 28m44 at load 5-20
+# before (a76c19b), 21m04 at load 11-20 after (no quiet window to compare in).
 # .ci/run only execs this file (a tool that draws the package reads an extensionless
 # .ci/run as the module run.py of the score job).
 set -euo pipefail
