@@ -112,9 +112,11 @@ def executor_files(spark, tasks: int = 8) -> dict[str, list[str]]:
     return dict(spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(look).collect())
 
 
-def held_files(spark, tasks: int = 2) -> list[str]:
-    """The files in the executor's payload folder that its Python workers hold open (the
-    users files of the models they built aside): one task on each worker of local[2]."""
+def held_files(spark, key: str, tasks: int = 2) -> list[str]:
+    """The files of model ``key`` in the executor's payload folder that its Python workers
+    hold open (the users file of a model they built aside; other models' files, which
+    workers that built them keep in their cache, do not count): one task on each worker
+    of local[2]."""
     def look(_):
         import time
 
@@ -122,10 +124,11 @@ def held_files(spark, tasks: int = 2) -> list[str]:
         folder, held = executor_folder(), []
         for fd in os.listdir("/proc/self/fd"):
             try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
+                target = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
             except OSError:
                 continue
-            if folder and target.startswith(folder) and not target.endswith(".users"):
+            if folder and target.startswith(os.path.join(folder, key)) \
+                    and not target.endswith(".users"):
                 held.append(target)
         yield from held
 
@@ -151,7 +154,7 @@ def test_the_executor_file_is_written_at_ship_and_no_chunk_stays(spark, small_ch
     bm = sk.BroadcastModel(spark, mlp(4))
     try:
         assert jobs_started(spark.sparkContext) - jobs == 1  # the warm-up (17 chunks)
-        assert held_files(spark) == []
+        assert held_files(spark, bm.key) == []
         n, name = bm._nbytes, bm._name
         [(folder, names)] = executor_files(spark).items()
         assert f"{bm.key}.skp" in names and not [f for f in names if ".tmp-" in f], names
