@@ -141,7 +141,9 @@ def download(address: Address, name: str, index: int, out: BinaryIO, start: int 
     buffer = memoryview(bytearray(_CHUNK))
     total = 0
     wanted = None if stop is None else stop - start
-    with _exchange(address, f"/payload?{query}", name, index, start) as response:
+    if wanted is not None and wanted <= 0:
+        return 0
+    with _exchange(address, f"/payload?{query}", name, index, start, stop) as response:
         while wanted is None or total < wanted:
             with _in_transit(address, "/payload"):
                 n = response.readinto(buffer if wanted is None else buffer[:wanted - total])
@@ -156,13 +158,13 @@ def download(address: Address, name: str, index: int, out: BinaryIO, start: int 
 
 @contextlib.contextmanager
 def _exchange(address: Address, path: str, name: str, index: int | None = None,
-              start: int = 0) -> Iterator[http.client.HTTPResponse]:
-    """A response of status 200 to ``GET path`` (206 from byte ``start`` on, if not 0),
-    from the pinned server only."""
+              start: int = 0, stop: int | None = None) -> Iterator[http.client.HTTPResponse]:
+    """A response of status 200 to ``GET path`` (206 from byte ``start`` to ``stop``,
+    excluded, if not 0 and None), from the pinned server only."""
     route, message = path.split("?")[0], ""
     headers = {TOKEN_HEADER: address.token}
-    if start:
-        headers["Range"] = f"bytes={start}-"
+    if start or stop is not None:
+        headers["Range"] = f"bytes={start}-{'' if stop is None else stop - 1}"
     connection = http.client.HTTPSConnection(address.host, address.port, timeout=TIMEOUT,
                                              context=_context())
     try:
@@ -185,8 +187,9 @@ def _exchange(address: Address, path: str, name: str, index: int | None = None,
                 if response.status in (403, 404) else ""
             raise SparkKerasError(f"the driver's model versions at {address.url} refused {route}: "
                                   f"{response.status} {response.reason}: {message}{hint}")
+        ranged = "Range" in headers
         resumed = (response.getheader("Content-Range") or "").startswith(f"bytes {start}-")
-        if (response.status == 206) != bool(start) or (start and not resumed):
+        if (response.status == 206) != ranged or (ranged and not resumed):
             raise ChannelError(f"the driver at {address.url} answered {route} from byte {start} "
                                f"with {response.status} (Content-Range "
                                f"{response.getheader('Content-Range')!r})")

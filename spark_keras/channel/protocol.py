@@ -2,11 +2,11 @@
 
 A request is ``GET <path>?<query>`` over HTTP/1.x, with the token of its scope in the
 ``X-Spark-Keras-Token`` header (:mod:`.credentials`) and, for a file answer, maybe
-``Range: bytes=<start>-`` (``206``, ``Content-Range``): a reader whose transfer was cut
-resumes where it stopped. Its head is at most ``HEAD_BYTES`` and ``HEAD_LINES`` header
-lines (else 431). An answering function gives an :class:`Answer` (a short body or a
-file), or a :class:`Later` one, or raises :class:`Refused` (4xx or 5xx with a one-line
-reason). Every answer closes its connection: no keep-alive.
+``Range: bytes=<start>-[<last>]`` (``206``, ``Content-Range``): a reader whose transfer was
+cut resumes where it stopped, a reader of a part asks for that part alone. Its head is
+at most ``HEAD_BYTES`` and ``HEAD_LINES`` header lines (else 431). An answering function
+gives an :class:`Answer` (a short body or a file), or a :class:`Later` one, or raises
+:class:`Refused` (4xx or 5xx with a one-line reason). Every answer closes its connection: no keep-alive.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from spark_keras.channel.credentials import token_scope
 HEAD_BYTES = 8 << 10
 HEAD_LINES = 32
 TOKEN_HEADER = b"x-spark-keras-token"
-_RANGE = re.compile(rb"bytes=([0-9]{1,18})-")
+_RANGE = re.compile(rb"bytes=([0-9]{1,18})-([0-9]{1,18})?")
 
 
 class Refused(Exception):
@@ -37,13 +37,15 @@ class Refused(Exception):
 @dataclasses.dataclass
 class Answer:
     """A request's answer: ``body`` (of type ``kind``), or ``size`` bytes read from
-    ``file`` (closed once sent), from byte ``start`` on if the request asked so."""
+    ``file`` (closed once sent), from byte ``start`` to byte ``stop`` (excluded; None: to
+    its end) if the request asked so."""
 
     body: bytes = b""
     kind: str = "application/json"
     file: BinaryIO | None = None
     size: int = 0
     start: int = 0
+    stop: int | None = None
 
 
 @dataclasses.dataclass
@@ -65,10 +67,11 @@ def too_long() -> Refused:
     return Refused(431, f"a request head is at most {HEAD_BYTES} bytes and {HEAD_LINES} header lines")
 
 
-def parse_request(head: bytes, secret: bytes) -> tuple[str, dict[str, str], str, int]:
+def parse_request(head: bytes, secret: bytes
+                  ) -> tuple[str, dict[str, str], str, int, int | None]:
     """A request head's path, query, its token's scope (made with ``secret``) and the
-    byte a file answer starts at (its ``Range: bytes=<start>-``, else 0; any other range
-    is ignored), once its token is checked."""
+    bytes a file answer starts and stops at (its ``Range: bytes=<start>-[<last>]``, else
+    0 and None; any other range is ignored), once its token is checked."""
     lines = head.split(b"\r\n")
     if len(lines) > HEAD_LINES + 1 or len(head) > HEAD_BYTES:
         raise too_long()
@@ -77,7 +80,7 @@ def parse_request(head: bytes, secret: bytes) -> tuple[str, dict[str, str], str,
         raise Refused(400, "a malformed request line")
     if parts[0] != b"GET":
         raise Refused(405, "only GET is answered")
-    token, start = b"", 0
+    token, start, stop = b"", 0, None
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon:
@@ -87,6 +90,7 @@ def parse_request(head: bytes, secret: bytes) -> tuple[str, dict[str, str], str,
             token = value.strip()
         elif name == b"range" and (asked := _RANGE.fullmatch(value.strip())):
             start = int(asked.group(1))
+            stop = None if asked.group(2) is None else int(asked.group(2)) + 1
     scope = token_scope(secret, token)
     if scope is None:
         raise Refused(403, "bad token")
@@ -95,7 +99,7 @@ def parse_request(head: bytes, secret: bytes) -> tuple[str, dict[str, str], str,
         query = dict(urllib.parse.parse_qsl(url.query, max_num_fields=8, errors="strict"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise Refused(400, f"a malformed request target ({exc})") from None
-    return url.path, query, scope, start
+    return url.path, query, scope, start, stop
 
 
 def answer_head(status: int, kind: str, length: int, extra: str = "") -> bytes:

@@ -260,7 +260,8 @@ class Channel:
         try:  # at the cap (overflow), only a connection that shows the token at once stays
             async with asyncio.timeout(OVERFLOW_HEAD_TIMEOUT if connection.overflow else HEAD_TIMEOUT):
                 await socket_io.io(self._loop, sock, sock.do_handshake)
-                path, query, scope, start = parse_request(await self._read_head(sock), self._secret)
+                path, query, scope, start, stop = parse_request(await self._read_head(sock),
+                                                                self._secret)
             connection.shown = True
             answer = await self._answer(connection, path, query, scope)
             if answer.file is not None:
@@ -268,10 +269,11 @@ class Channel:
                     answer.file.close()
                     raise Refused(503, f"the driver is serving its maximum of {self.cap} "
                                        f"readers: come back in {RETRY_AFTER} s")
-                if start and start >= answer.size:
+                if (start and start >= answer.size) or (stop is not None and stop <= start):
                     answer.file.close()
-                    raise Refused(416, f"bytes={start}- is past the answer's {answer.size} bytes")
-                answer.start = start
+                    raise Refused(416, f"bytes={start}-{'' if stop is None else stop - 1} is "
+                                       f"past the answer's {answer.size} bytes or empty")
+                answer.start, answer.stop = start, None if stop is None else min(stop, answer.size)
         except Refused as exc:
             # 404: a destroyed handle's late tasks; 500: a defect, logged; 503: logged once
             if exc.status in (404, 500, 503):
@@ -330,11 +332,12 @@ class Channel:
             await socket_io.send(self._loop, sock, answer_head(200, answer.kind, len(answer.body)) + answer.body)
             return
         try:
-            left = answer.size - answer.start
-            if answer.start:
+            end = answer.size if answer.stop is None else answer.stop
+            left = end - answer.start
+            if answer.start or answer.stop is not None:  # a Range asked: its part
                 answer.file.seek(answer.start)
                 await socket_io.send(self._loop, sock, answer_head(206, answer.kind, left, (
-                    f"Content-Range: bytes {answer.start}-{answer.size - 1}/{answer.size}\r\n")))
+                    f"Content-Range: bytes {answer.start}-{end - 1}/{answer.size}\r\n")))
             else:
                 await socket_io.send(self._loop, sock, answer_head(200, answer.kind, left))
             while left > 0:

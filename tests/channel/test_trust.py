@@ -318,6 +318,29 @@ def test_a_cut_download_resumes_where_it_stopped(tmp_path):
         server.close()
 
 
+def test_a_part_of_a_payload_costs_the_driver_that_part_alone():
+    """A reader of bytes 1 to 2 MiB of an 8 MiB payload (a share at ship time) gets them,
+    and the driver sends about that much: the Range asks for the part's last byte, and the
+    driver stops there. It used to send the rest of the file, most of it for nothing."""
+    payload = os.urandom(8 << 20)
+    server = Server("127.0.0.1")
+    relay = StallingRelay(("127.0.0.1", _model(server).port))
+    try:
+        server.register("m", Schedule(Version(1, "1", "m", len(payload))))
+        served = ServedTransport.of(relay.via(_model(server)), "m", 1,
+                                    server.keep_payload("m", 1, payload))
+        assert served.read_range(1 << 20, 2 << 20) == payload[1 << 20:2 << 20]
+        assert served.read_range(0, 100) == payload[:100]
+        assert relay.count == 2
+        assert (1 << 20) <= relay.passed[0] < (1 << 20) + (64 << 10), relay.passed
+        assert relay.passed[1] < 64 << 10, relay.passed
+        out = io.BytesIO()
+        assert channel_client.download(_model(server, "m"), "m", 1, out, start=5, stop=5) == 0
+    finally:
+        relay.close()
+        server.close()
+
+
 def test_a_slow_reader_is_kept_while_it_makes_progress(monkeypatch):
     """A reader that takes the answer steadily but slowly (1 MB/s, here against a 0.2 s
     timeout, the driver's 30 s scaled down) takes much longer than the timeout in all:
