@@ -108,11 +108,14 @@ def builds_columns(rows: int, builds: int, seconds: float) -> list[pa.Array]:
 REASONS_ARROW = pa.list_(pa.struct([("reason", pa.string()), ("rows", pa.int64())]))
 
 
-def reasons_metric(by_reason: str) -> str:
-    """The ``invalid_by_reason`` metric as observed, in SQL (``by_reason``: the map's): the
-    map itself on PySpark 4; on 3.5, whose ``Observation.get`` gives a map as a JVM
-    object, its JSON text."""
-    return by_reason if _jobs_observed_apart() else f"to_json({by_reason})"
+def reasons_metric(by_reason: Any) -> Any:
+    """The ``invalid_by_reason`` metric as observed: the map itself on PySpark 4; on 3.5,
+    whose ``Observation.get`` gives a map as a JVM object, its JSON text."""
+    if _jobs_observed_apart():  # PySpark 4 and later
+        return by_reason
+    from pyspark.sql import functions as F
+
+    return F.to_json(by_reason)
 
 
 def reasons_observed(value: Any) -> dict[str, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -121,39 +121,42 @@ def transform(handle: ModelHandle, df: Any, input_cols: str | Sequence[str],
     scored = _with_mapinarrow_columns(df, score_batches, sent, fields, profile)
     if observe is None:
         return scored
-    return scored.observe(observe, *_metrics(_sql_name, output_col, observe_by)).drop(*_HIDDEN)
+    return scored.observe(observe, *_metrics(_column, output_col, observe_by)).drop(*_HIDDEN)
 
 
-def _metrics(column: Callable[[str], str], output_col: str,
-             by: tuple[str, Sequence[int]] | None = None) -> list:
+def _metrics(column: Any, output_col: str, by: tuple[str, Sequence[Any]] | None = None) -> list:
     """The :data:`METRICS` aggregates over the prediction and the three hidden figures
-    columns, each named in SQL by ``column(name)``: the batches' counts by class of reason
+    columns, each found by ``column(name)``: the batches' counts by class of reason
     (``[{reason, rows}, ...]``, on the first row of the batches that have invalid rows)
-    summed into one map. With ``by`` (a column, its integer values): the metrics of each
-    value's rows, named ``"<metric>@<value>"``. Each from SQL text: 3 Py4J calls, where
-    ``functions`` and ``Column`` methods took about 75 (0.3 s of a wave's plan of 8 groups)."""
+    summed into one map. With ``by`` (a column, its values): the metrics of each value's
+    rows, named ``"<metric>@<value>"``."""
     from pyspark.sql import functions as F
 
-    rows = [("", None)] if by is None else \
-        [(f"@{value}", f"{_sql_name(by[0])} = {value:d}") for value in by[1]]
-    return [F.expr(f"{sql} AS {_sql_name(name + suffix)}") for suffix, where in rows
-            for name, sql in zip(METRICS, _aggregates(column, output_col, where))]
+    if by is not None:
+        return [metric.alias(f"{name}@{value}") for value in by[1]
+                for name, metric in zip(METRICS, _aggregates(column, output_col,
+                                                             _column(by[0]) == F.lit(value)))]
+    return [value.alias(name) for name, value in zip(METRICS, _aggregates(column, output_col))]
 
 
-def _aggregates(column: Callable[[str], str], output_col: str, where: str | None = None) -> tuple:
-    """:func:`_metrics`' aggregates, unnamed, in SQL, over the rows the SQL ``where`` holds
-    (all if None)."""
+def _aggregates(column: Any, output_col: str, where: Any = None) -> tuple:
+    """:func:`_metrics`' aggregates, unnamed, over the rows ``where`` holds (all if None)."""
+    from pyspark.sql import functions as F
 
-    def only(value: str) -> str:
-        return value if where is None else f"CASE WHEN {where} THEN {value} END"
+    def only(value: Any) -> Any:
+        return value if where is None else F.when(where, value)
 
-    by_reason = (f"aggregate(flatten(collect_list({only(column(_REASONS))})), "
-                 f"CAST(map() AS map<string,bigint>), (acc, e) -> map_zip_with(acc, "
-                 f"map(e.reason, e.rows), (k, a, b) -> coalesce(a, 0) + coalesce(b, 0)))")
-    return (f"count({only('1')})",
-            f"count({only(f'CASE WHEN {column(output_col)} IS NULL THEN 1 END')})",
-            f"coalesce(sum({only(column(_BUILDS))}), 0)",
-            f"coalesce(sum({only(column(_BUILD_SECONDS))}), 0D)",
+    def add(acc: Any, entry: Any) -> Any:
+        return F.map_zip_with(acc, F.create_map(entry["reason"], entry["rows"]),
+                              lambda _, a, b: F.coalesce(a, F.lit(0)) + F.coalesce(b, F.lit(0)))
+
+    by_reason = F.aggregate(F.flatten(F.collect_list(only(column(_REASONS)))),
+                            F.create_map().cast("map<string,bigint>"), add)
+    invalid = column(output_col).isNull()
+    return (F.count(only(F.lit(1))),
+            F.count(F.when(invalid if where is None else where & invalid, 1)),
+            F.coalesce(F.sum(only(column(_BUILDS))), F.lit(0)),
+            F.coalesce(F.sum(only(column(_BUILD_SECONDS))), F.lit(0.0)),
             build_figures.reasons_metric(by_reason))
 
 
@@ -204,8 +207,8 @@ def _with_udf_columns(df: Any, udf: Any, names: list[str], fields: list, observe
         return df.withColumn(fields[0].name, udf(*inputs))
     results = df.withColumn(_RESULTS, udf(*inputs))
     if observe is not None:
-        results = results.observe(observe, *_metrics(
-            lambda name: f"{_sql_name(_RESULTS)}.{_sql_name(name)}", fields[0].name, observe_by))
+        results = results.observe(observe, *_metrics(_column(_RESULTS).getField,
+                                                     fields[0].name, observe_by))
     return results.withColumns({f.name: _column(_RESULTS)[f.name]
                                 for f in fields if f.name not in _HIDDEN}).drop(_RESULTS)
 
@@ -214,12 +217,7 @@ def _column(name: str) -> Any:
     """The top-level column ``name``, whatever its name holds (dots, backticks)."""
     from pyspark.sql import functions as F
 
-    return F.col(_sql_name(name))
-
-
-def _sql_name(name: str) -> str:
-    """``name`` quoted as a SQL identifier (dots and backticks kept)."""
-    return "`" + name.replace("`", "``") + "`"
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def _check_error_col(error_col: Any, on_invalid: str, output_col: str,

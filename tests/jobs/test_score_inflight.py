@@ -186,18 +186,6 @@ def test_waves_of_groups_are_fewer_spark_jobs_each_group_committed_as_written(
     assert read_sorted(out)[0] == list(range(FILES * ROWS))
 
 
-def test_a_waves_figures_per_group_take_a_few_py4j_calls(spark, monkeypatch):
-    """A wave's plan observes 5 figures per group: each built from SQL text, 3 Py4J round
-    trips (about 75 through ``functions`` and ``Column`` methods: 0.3 s for 8 groups)."""
-    from spark_keras.spark.transform import _metrics, _sql_name
-
-    client = spark.sparkContext._gateway._gateway_client
-    sent, send = [], client.send_command
-    monkeypatch.setattr(client, "send_command", lambda *a, **k: sent.append(1) or send(*a, **k))
-    figures = _metrics(_sql_name, "prediction", ("group", list(range(8))))
-    assert len(figures) == 40 and len(sent) <= 4 * 40, len(sent)
-
-
 class WatchingPaths(HadoopPaths):
     """The job's own path layer, which at the first commit's record (``gN.moving.json``, of
     whichever wave was written first) waits up to a minute for the third wave's Spark job

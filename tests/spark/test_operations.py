@@ -253,6 +253,24 @@ def test_score_job_error_col_and_metrics_json(spark, build_log, tmp_path):
     assert status == 2 and "max_invalid=2 passed: 3 of 30" in line, line
 
 
+@pytest.mark.parametrize("output_col", ["p.x`y", "a b"])
+def test_observed_figures_under_quoted_regex_column_names(spark, frame, bm, output_col):
+    """``spark.sql.parser.quotedRegexColumnNames=true`` (a documented Spark setting): a
+    quoted name in SQL text is a regular expression there, so figures built from SQL text
+    failed for an output column holding a dot or a space (INVALID_USAGE_OF_STAR_OR_REGEX,
+    found by a review attack); built from columns they are the same as ever."""
+    from pyspark.sql import Observation
+
+    spark.conf.set("spark.sql.parser.quotedRegexColumnNames", "true")
+    try:
+        seen = Observation("regex")
+        bm.transform(frame, "features", output_col=output_col, on_invalid="null",
+                     error_col="why it", observe=seen).count()
+        assert seen.get["rows"] == 30 and seen.get["invalid_rows"] == 3, seen.get
+    finally:
+        spark.conf.unset("spark.sql.parser.quotedRegexColumnNames")
+
+
 def test_builds_made_by_a_sorts_sampling_job_are_observed(build_log, spark):
     """A sort runs the scoring plan twice: first in a sampling job (whose observation
     Spark drops), where the workers build the model, then in the observed job, which
