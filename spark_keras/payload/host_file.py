@@ -118,25 +118,6 @@ def land(folder: str, key: str, nbytes: int, fetch: Callable[[], Any] | None = N
     return path
 
 
-def adopt(folder: str, key: str, nbytes: int, part: str) -> str:
-    """The path of ``key``'s payload file in ``folder``: the complete file ``part`` (in
-    ``folder``; what it holds checked by the caller, as :func:`land`'s ``write`` must
-    check what it writes) renamed to it under the lock, unless a complete one is there
-    (``part`` is then left to the caller)."""
-    path = path_for(folder, key)
-    private_folder(folder)
-    with _local_failures(folder, path):
-        with _locked(f"{path}.lock"):
-            if not _complete(path, nbytes):
-                if os.path.getsize(part) != nbytes:
-                    raise PayloadError(f"the payload of {key} is {os.path.getsize(part)} "
-                                       f"bytes, expected {nbytes}")
-                _remove_stale(path)
-                os.replace(part, path)
-                _remember_checked(path)
-    return path
-
-
 # In this process: the payload files that passed their caller's verify (land), by path:
 # (device, inode, size, mtime, ctime) then; a file replaced or written since differs (a
 # write through a shared mapping may not: the executor's user is trusted, see above)
